@@ -121,7 +121,9 @@ def _from_pretrained(
                 f"{location} is not a causal language model (AutoModelForCausalLM cannot load it): {err}"
             ) from err
         raise
-    tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=kwargs["trust_remote_code"], **tokenizer_kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(
+        location, trust_remote_code=kwargs["trust_remote_code"], **tokenizer_kwargs
+    )
     return model, tokenizer
 
 

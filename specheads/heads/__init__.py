@@ -1,0 +1,40 @@
+"""What a draft head is: modules, configs, save/load. No training or decoding logic lives here."""
+
+from specheads.heads.base import DraftHead
+from specheads.heads.config import FORMAT_VERSION, HeadConfig, HeadConfigError, TargetRecord
+from specheads.heads.draft_model import DraftModel, DraftModelConfig
+from specheads.heads.eagle import (
+    EAGLE_TOKEN_OFFSET,
+    EagleConfig,
+    EagleDrafter,
+    build_vocab_maps,
+    default_eagle3_layer_ids,
+)
+from specheads.heads.load import HEADS, HeadLoadError, load_head, read_head_config
+from specheads.heads.masks import causal_additive_mask, padding_causal_mask
+from specheads.heads.medusa import MEDUSA_HEAD_OFFSET, MedusaConfig, MedusaHeads, predicted_offset
+
+__all__ = [
+    "DraftHead",
+    "DraftModel",
+    "DraftModelConfig",
+    "EAGLE_TOKEN_OFFSET",
+    "EagleConfig",
+    "EagleDrafter",
+    "FORMAT_VERSION",
+    "HEADS",
+    "HeadConfig",
+    "HeadConfigError",
+    "HeadLoadError",
+    "MEDUSA_HEAD_OFFSET",
+    "MedusaConfig",
+    "MedusaHeads",
+    "TargetRecord",
+    "build_vocab_maps",
+    "causal_additive_mask",
+    "default_eagle3_layer_ids",
+    "load_head",
+    "padding_causal_mask",
+    "predicted_offset",
+    "read_head_config",
+]

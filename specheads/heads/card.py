@@ -1,0 +1,60 @@
+"""Model cards for saved heads, with the Hub metadata that makes them findable (``base_model``, ``library_name``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from huggingface_hub import ModelCard, ModelCardData
+
+if TYPE_CHECKING:
+    from specheads.heads.base import DraftHead
+
+# Hub ids of the built-in targets, so a card's ``base_model`` links to the real model page.
+BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def base_model_id(name_or_path: str) -> str | None:
+    """The Hub id to record as ``base_model``: built-in names map to their Hub id; local paths have none."""
+    if name_or_path in BUILTIN_HUB_IDS:
+        return BUILTIN_HUB_IDS[name_or_path]
+    looks_like_hub_id = name_or_path.count("/") == 1 and not Path(name_or_path).exists()
+    return name_or_path if looks_like_hub_id else None
+
+
+def write_model_card(path: Path, head: DraftHead, card: dict[str, Any]) -> None:
+    record = head.config.target
+    data = ModelCardData(
+        base_model=base_model_id(record.name_or_path),
+        library_name="specheads",
+        tags=["speculative-decoding", *head.card_tags],
+    )
+    n_params = sum(p.numel() for p in head.parameters())
+    lines = [
+        f"# {head.head_type} draft head for {record.name_or_path or 'an unnamed target'}",
+        "",
+        f"A `{type(head).__name__}` trained with specheads to draft tokens that the frozen "
+        f"target verifies in one forward pass (lossless speculative decoding). {n_params:,} parameters.",
+        "",
+        "## Target",
+        f"- name: `{record.name_or_path}`; revision: `{record.revision}`; model type: `{record.model_type}`",
+        f"- hidden size {record.hidden_size}, vocabulary {record.vocab_size}, {record.num_hidden_layers} layers",
+        f"- hidden-state indices read (HF `output_hidden_states`): {list(head.config.layer_ids)}",
+        "",
+        "## Use",
+        "```bash",
+        f'specheads generate --target {record.name_or_path or "TARGET"} --head PATH_TO_THIS_FOLDER --prompt "Hello"',
+        "```",
+    ]
+    for section in ("metrics", "acceptance", "training"):
+        if section in card:
+            lines += [
+                "",
+                f"## {section.capitalize()}",
+                "```json",
+                json.dumps(card[section], indent=2, default=str),
+                "```",
+            ]
+    text = f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"
+    ModelCard(text).save(path)

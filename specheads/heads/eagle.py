@@ -1,0 +1,220 @@
+"""EAGLE drafters: feature-level autoregressive draft heads.
+
+- EAGLE-1 (Li et al. 2024, https://arxiv.org/abs/2401.15077): input = fc(concat(embedding of token t+1, target
+  feature at t)) -> one decoder layer -> the next feature; the target's frozen lm_head turns features into logits.
+- EAGLE-3 (Li et al. 2025, https://arxiv.org/abs/2503.01840): the target feature is a fusion fc(3H -> H) of a low,
+  a middle and a high layer; the decoder layer attends over concat(norm(embedding), norm(feature)) (2H input);
+  the drafter has its own final norm and an lm_head over a reduced draft vocabulary (``d2t`` maps draft ids to
+  target ids). Trained with training-time test, so it can feed its own outputs back.
+
+The decoder layer is an instance of the target's own decoder-layer class built from the target's config (EAGLE-3
+widens q/k/v to 2H); only the wiring of its submodules is written here, never a copy of modeling code.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from specheads.heads.base import DraftHead
+from specheads.heads.borrowed import borrow, decoder_layer_parts
+from specheads.heads.config import HeadConfig, HeadConfigError, TargetRecord, default_dtype_of
+from specheads.heads.masks import causal_additive_mask
+
+EAGLE_TOKEN_OFFSET = 1
+"""The drafter's position t reads the target feature at t and the token at t + 1, and predicts token t + 2."""
+
+
+def default_eagle3_layer_ids(num_hidden_layers: int) -> list[int]:
+    """HF ``hidden_states`` indices of the low/mid/high features EAGLE-3 fuses: {2, N//2, N-3}.
+
+    Clamped to [0, N] so that tiny test targets (N = 2) get valid indices too.
+    """
+    n = num_hidden_layers
+    return [min(2, n), n // 2, max(n - 3, 0)]
+
+
+@dataclass
+class EagleConfig(HeadConfig):
+    version: int = 3
+    draft_vocab_size: int | None = None
+    """EAGLE-3 only: size of the reduced draft vocabulary (None = the target's full vocabulary)."""
+
+
+def build_vocab_maps(
+    token_ids: torch.Tensor | Sequence[Sequence[int]], target_vocab_size: int, draft_vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the ``draft_vocab_size`` most frequent target tokens of a dataset.
+
+    Returns ``d2t`` (Vd,) target id of each draft id, sorted ascending, and ``t2d`` (V,) draft id of each target id
+    or -1 when the token is outside the draft vocabulary. Ties in frequency go to the lower token id.
+    """
+    if not 0 < draft_vocab_size <= target_vocab_size:
+        raise ValueError(f"draft_vocab_size must be in [1, {target_vocab_size}], found {draft_vocab_size}")
+    if isinstance(token_ids, torch.Tensor):
+        flat = token_ids.reshape(-1)
+    else:
+        flat = torch.tensor([t for seq in token_ids for t in seq], dtype=torch.long)
+    flat = flat[(flat >= 0) & (flat < target_vocab_size)].long()
+    counts = torch.bincount(flat, minlength=target_vocab_size)
+    order = torch.argsort(-counts, stable=True)  # most frequent first, lower id first on ties
+    d2t = order[:draft_vocab_size].sort().values
+    t2d = torch.full((target_vocab_size,), -1, dtype=torch.long)
+    t2d[d2t] = torch.arange(draft_vocab_size)
+    return d2t, t2d
+
+
+class EagleDrafter(DraftHead):
+    head_type = "eagle"
+    config_class = EagleConfig
+
+    def __init__(self, config: EagleConfig, target: PreTrainedModel, d2t: torch.Tensor | None = None) -> None:
+        super().__init__(config)
+        if config.version not in (1, 3):
+            raise HeadConfigError(f"EagleConfig.version must be 1 or 3, found {config.version}")
+        record = TargetRecord.from_model(target)
+        if not config.target.name_or_path:
+            config.target = record
+        if not config.layer_ids:
+            n = record.num_hidden_layers
+            config.layer_ids = [n] if config.version == 1 else default_eagle3_layer_ids(n)
+        self._check_layer_ids(record)
+        hidden, dtype = record.hidden_size, default_dtype_of(target)
+        self.borrowed = borrow(target)
+        layer_cls, rotary_cls = decoder_layer_parts(target)
+        layer_config = copy.deepcopy(target.config.get_text_config())
+        self.layer = layer_cls(layer_config, 0).to(dtype)
+        self.rotary = rotary_cls(config=layer_config)
+        if config.version == 1:
+            self.fc = nn.Linear(2 * hidden, hidden, bias=True, dtype=dtype)
+            return
+        self.fc = nn.Linear(3 * hidden, hidden, bias=False, dtype=dtype)
+        self._widen_attention_inputs(2 * hidden, dtype)
+        norm_cls = type(self.layer.input_layernorm)
+        eps = getattr(layer_config, "rms_norm_eps", 1e-6)
+        self.hidden_norm = norm_cls(hidden, eps=eps).to(dtype)
+        self.norm = norm_cls(hidden, eps=eps).to(dtype)
+        vocab_size = record.vocab_size
+        draft_vocab = config.draft_vocab_size or vocab_size
+        config.draft_vocab_size = draft_vocab
+        if d2t is None:
+            if draft_vocab != vocab_size:
+                raise HeadConfigError(
+                    f"draft_vocab_size={draft_vocab} < target vocab {vocab_size} needs a d2t map: build one with "
+                    "build_vocab_maps(token_ids, target_vocab_size, draft_vocab_size) and pass d2t=..."
+                )
+            d2t = torch.arange(vocab_size)
+        if d2t.shape != (draft_vocab,):
+            raise HeadConfigError(f"d2t must have shape ({draft_vocab},), found {tuple(d2t.shape)}")
+        t2d = torch.full((vocab_size,), -1, dtype=torch.long)
+        t2d[d2t] = torch.arange(draft_vocab)
+        self.register_buffer("d2t", d2t.long().clone())
+        self.register_buffer("t2d", t2d)
+        self.lm_head = nn.Linear(hidden, draft_vocab, bias=False, dtype=dtype)
+        with torch.no_grad():  # start from the target's own output embedding for the kept tokens
+            self.lm_head.weight.copy_(self.borrowed.lm_head.weight[self.d2t])
+
+    def _check_layer_ids(self, record: TargetRecord) -> None:
+        expected = 1 if self.config.version == 1 else 3
+        ids = self.config.layer_ids
+        if len(ids) != expected or not all(0 <= i <= record.num_hidden_layers for i in ids):
+            raise HeadConfigError(
+                f"EAGLE-{self.config.version} reads {expected} hidden-state indices in [0, "
+                f"{record.num_hidden_layers}], found layer_ids={ids}"
+            )
+
+    def _widen_attention_inputs(self, in_features: int, dtype: torch.dtype) -> None:
+        """EAGLE-3's attention reads concat(embedding, feature): q/k/v take 2H inputs instead of H."""
+        attn = self.layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old: nn.Linear = getattr(attn, name)
+            setattr(attn, name, nn.Linear(in_features, old.out_features, bias=old.bias is not None, dtype=dtype))
+
+    @property
+    def card_tags(self) -> tuple[str, ...]:
+        return ("eagle", f"eagle{self.version}")
+
+    @property
+    def version(self) -> int:
+        return self.config.version
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size or self.config.target.vocab_size
+
+    def new_cache(self) -> DynamicCache:
+        """An empty KV cache for the drafter's single decoder layer."""
+        return DynamicCache()
+
+    def fuse(self, hidden_states: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """Target ``hidden_states`` (HF indexing) -> drafter input features (B, T, H)."""
+        picked = [hidden_states[i] for i in self.config.layer_ids]
+        if any(h is None for h in picked):
+            raise ValueError(
+                f"the target forward did not return hidden states {self.config.layer_ids}; "
+                "call it with output_hidden_states=head.layer_ids"
+            )
+        if self.version == 1:
+            return picked[0]
+        return self.fc(torch.cat(picked, dim=-1))  # (B, T, 3H) -> (B, T, H)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DynamicCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One drafter step. features (B, T, H), input_ids (B, T) = token t+1 -> (hidden (B, T, H), logits (B, T, Vd)).
+
+        ``attention_mask`` is an additive float mask (B, 1, T, past + T); None means causal over the new tokens
+        plus everything already in ``cache``.
+        """
+        batch, length = input_ids.shape
+        if attention_mask is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            attention_mask = causal_additive_mask(length, past, features.dtype, features.device).expand(
+                batch, 1, -1, -1
+            )
+        embeds = self.borrowed.embed_tokens(input_ids).to(features.dtype)  # (B, T, H)
+        position_embeddings = self.rotary(features, position_ids)
+        layer = self.layer
+        if self.version == 1:
+            residual = self.fc(torch.cat([embeds, features], dim=-1))
+            attn_in = layer.input_layernorm(residual)
+        else:
+            residual = features
+            attn_in = torch.cat([layer.input_layernorm(embeds), self.hidden_norm(features)], dim=-1)  # (B, T, 2H)
+        attn_out, _ = layer.self_attn(
+            hidden_states=attn_in, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache
+        )
+        hidden = residual + attn_out
+        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden, self.logits(hidden)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits of drafter features (B, T, H) -> (B, T, Vd)."""
+        if self.version == 1:
+            return self.borrowed.lm_head(hidden)
+        return self.lm_head(self.norm(hidden))
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.version == 1 else self.d2t[draft_ids]
+
+    def target_to_draft(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids of target ids; -1 where the target token is outside the draft vocabulary."""
+        return target_ids if self.version == 1 else self.t2d[target_ids]
+
+    @classmethod
+    def for_loading(cls, config: EagleConfig, target: PreTrainedModel) -> EagleDrafter:
+        """An instance whose d2t is a placeholder, to be overwritten by a strict state-dict load."""
+        d2t = None
+        if config.version == 3 and config.draft_vocab_size not in (None, config.target.vocab_size):
+            d2t = torch.arange(config.draft_vocab_size)
+        return cls(config, target, d2t=d2t)

@@ -1,0 +1,134 @@
+"""Strict loading of saved heads: every mismatch is an error that names what was expected and what was found."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+from transformers import PreTrainedModel
+
+from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead
+from specheads.heads.config import FORMAT_VERSION, HeadConfigError, TargetRecord
+from specheads.heads.draft_model import DraftModel
+from specheads.heads.eagle import EagleDrafter
+from specheads.heads.medusa import MedusaHeads
+
+HEADS: dict[str, type[DraftHead]] = {
+    "medusa": MedusaHeads,
+    "eagle": EagleDrafter,
+    "draft_model": DraftModel,
+}
+"""The literal registry of head types, keyed by the ``head_type`` written into ``config.json``."""
+
+
+class HeadLoadError(RuntimeError):
+    """A saved head could not be loaded strictly."""
+
+
+def load_head(dir_or_hub_id: str | os.PathLike, target: PreTrainedModel, revision: str | None = None) -> DraftHead:
+    """Load a saved head onto ``target``, strictly, in eval mode with gradients off (inference use)."""
+    folder = _resolve_folder(dir_or_hub_id, revision)
+    meta = read_head_config(folder)
+    head_cls = HEADS[meta["head_type"]]
+    config = head_cls.config_class.from_dict(meta["config"])
+    _check_target(config.target, TargetRecord.from_model(target))
+    builder = getattr(head_cls, "for_loading", head_cls)
+    head = builder(config, target)
+    _load_weights_strict(head, folder / WEIGHTS_NAME)
+    head.to(target.device)
+    head.eval()
+    head.requires_grad_(False)
+    return head
+
+
+def read_head_config(folder: Path) -> dict[str, Any]:
+    path = folder / CONFIG_NAME
+    if not path.is_file():
+        raise HeadLoadError(f"{folder} has no {CONFIG_NAME}; expected a folder written by head.save_pretrained()")
+    try:
+        meta = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise HeadLoadError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from err
+    head_type = meta.get("head_type")
+    if head_type not in HEADS:
+        raise HeadLoadError(f"{path}: unknown head_type {head_type!r}; expected one of {sorted(HEADS)}")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise HeadLoadError(
+            f"{path}: format_version {version!r} is not supported by this specheads (expected {FORMAT_VERSION}); "
+            "upgrade specheads or re-save the head"
+        )
+    if "config" not in meta:
+        raise HeadLoadError(f"{path} has no 'config' section")
+    return meta
+
+
+def _resolve_folder(dir_or_hub_id: str | os.PathLike, revision: str | None) -> Path:
+    path = Path(dir_or_hub_id)
+    if path.exists():
+        if not path.is_dir():
+            raise HeadLoadError(f"{path} is a file; expected a head folder with {CONFIG_NAME} and {WEIGHTS_NAME}")
+        return path
+    from specheads.heads.hub import download_head
+
+    return download_head(str(dir_or_hub_id), revision=revision)
+
+
+def _check_target(record: TargetRecord, actual: TargetRecord) -> None:
+    mismatches = record.shape_mismatches(actual)
+    if mismatches:
+        raise HeadConfigError(
+            f"head was built for target {record.name_or_path!r}, which differs from the given target "
+            f"{actual.name_or_path!r}: " + "; ".join(mismatches)
+        )
+    if record.name_or_path and actual.name_or_path and record.name_or_path != actual.name_or_path:
+        warnings.warn(
+            f"head was trained for target {record.name_or_path!r} but is loaded onto {actual.name_or_path!r}; the "
+            "shapes match, so it loads, but acceptance may be poor",
+            stacklevel=3,
+        )
+
+
+def _load_weights_strict(head: DraftHead, path: Path) -> None:
+    if not path.is_file():
+        raise HeadLoadError(f"{path.parent} has no {WEIGHTS_NAME}; expected a folder written by head.save_pretrained()")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            saved = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
+        raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err
+    expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
+    tied = _tied_aliases(head)
+    missing = sorted(set(expected) - set(saved) - tied)
+    unexpected = sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise HeadLoadError(
+            f"{path} does not match a {type(head).__name__} with this config: missing tensors {missing[:10]}"
+            f"{' ...' if len(missing) > 10 else ''}, unexpected tensors {unexpected[:10]}"
+            f"{' ...' if len(unexpected) > 10 else ''}"
+        )
+    wrong = [f"{n}: expected {expected[n]}, found {saved[n]}" for n in saved if saved[n] != expected[n]]
+    if wrong:
+        raise HeadLoadError(f"{path}: tensor shapes do not match the config: " + "; ".join(wrong[:10]))
+    try:
+        safetensors.torch.load_model(head, str(path), strict=True)
+    except Exception as err:  # noqa: BLE001 - a truncated payload only shows up while reading tensor data
+        raise HeadLoadError(f"{path} could not be read ({err}); the file is corrupt or truncated") from err
+
+
+def _tied_aliases(head: DraftHead) -> set[str]:
+    """State-dict names that share storage with an earlier name (safetensors saves such tensors once)."""
+    seen: dict[tuple[int, int], str] = {}
+    aliases = set()
+    for name, tensor in head.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            aliases.add(name)
+        else:
+            seen[key] = name
+    return aliases
