@@ -1,0 +1,42 @@
+"""The ``specheads`` command: one entry point whose subcommands live next to the code they drive.
+
+Each subcommand's module owns its own argument parser; this file only dispatches, importing lazily so that
+``specheads push`` does not pay for importing the training stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": ("specheads.training.train_cli", "train_main", "train a draft head on a frozen target (YAML config)"),
+    "data": ("specheads.training.data_cli", "data_main", "self-distil training data; cache target features"),
+    "generate": ("specheads.decoding.cli", "generate_main", "generate with speculative decoding (or plainly)"),
+    "bench": ("specheads.decoding.bench_cli", "bench_main", "benchmark heads against generate and assisted decoding"),
+    "push": ("specheads.heads.push_cli", "push_main", "upload a saved head folder to the Hugging Face Hub"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="specheads",
+        description="Speculative decoding with trained draft heads.",
+        epilog="Run `specheads COMMAND --help` for a command's options.",
+    )
+    parser.add_argument(
+        "command", choices=sorted(SUBCOMMANDS), help="; ".join(f"{k}: {v[2]}" for k, v in SUBCOMMANDS.items())
+    )
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    args = parser.parse_args(argv[:1])
+    module_name, function_name, _ = SUBCOMMANDS[args.command]
+    entry = getattr(importlib.import_module(module_name), function_name)
+    return int(entry(argv[1:]) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""EagleDrafter v1/v3: forward shapes, KV-cache consistency, vocabulary maps, and the real SmolLM2 target."""
+
+import pytest
+import torch
+
+from specheads.heads import EagleConfig, EagleDrafter, build_vocab_maps, default_eagle3_layer_ids
+from specheads.heads.config import HeadConfigError
+
+
+def _inputs(target, length=7, batch=2, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, target.config.vocab_size, (batch, length), generator=generator)
+    positions = torch.arange(length)[None].expand(batch, -1)
+    return ids, positions
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_forward_shapes_and_borrowed_modules(tiny_llama, version):
+    drafter = EagleDrafter(EagleConfig(version=version), tiny_llama)
+    ids, positions = _inputs(tiny_llama)
+    hidden_states = tiny_llama(ids, output_hidden_states=True).hidden_states
+    features = drafter.fuse(hidden_states)
+    hidden, logits = drafter(features, ids, positions)
+    assert features.shape == hidden.shape == (2, 7, 64)
+    assert logits.shape == (2, 7, 128)
+    names = drafter.state_dict().keys()
+    assert not any("embed_tokens" in n for n in names), "the target embedding is borrowed, never saved"
+    if version == 1:
+        assert not any("lm_head" in n for n in names), "EAGLE-1 borrows the target lm_head"
+    else:
+        assert drafter.layer.self_attn.q_proj.in_features == 128  # attends over concat(embedding, feature)
+        assert "lm_head.weight" in names and "d2t" in names
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_incremental_cache_equals_full_forward(tiny_llama, version):
+    drafter = EagleDrafter(EagleConfig(version=version), tiny_llama)
+    ids, positions = _inputs(tiny_llama)
+    features = drafter.fuse(tiny_llama(ids, output_hidden_states=True).hidden_states)
+    _, full = drafter(features, ids, positions)
+    cache = drafter.new_cache()
+    _, first = drafter(features[:, :4], ids[:, :4], positions[:, :4], cache=cache)
+    _, rest = drafter(features[:, 4:], ids[:, 4:], positions[:, 4:], cache=cache)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.get_seq_length() == 7
+
+
+def test_causal_mask_is_applied(tiny_llama):
+    """Changing a later token must not change earlier positions' outputs."""
+    drafter = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    ids, positions = _inputs(tiny_llama, batch=1)
+    features = torch.randn(1, 7, 64)
+    _, logits = drafter(features, ids, positions)
+    changed = ids.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % 128
+    _, logits2 = drafter(features, changed, positions)
+    torch.testing.assert_close(logits[:, :-1], logits2[:, :-1])
+    assert not torch.allclose(logits[:, -1], logits2[:, -1])
+
+
+def test_default_layer_ids():
+    assert default_eagle3_layer_ids(30) == [2, 15, 27]  # SmolLM2-135M: HF indices {2, N//2, N-3}
+    assert default_eagle3_layer_ids(2) == [2, 1, 0]
+
+
+def test_vocab_maps_pick_most_frequent_tokens_and_round_trip():
+    tokens = torch.tensor([5] * 10 + [3] * 7 + [9] * 7 + [1] * 2 + [0])
+    d2t, t2d = build_vocab_maps(tokens, target_vocab_size=12, draft_vocab_size=3)
+    assert d2t.tolist() == [3, 5, 9]  # sorted ids of the three most frequent tokens
+    assert t2d[d2t].tolist() == [0, 1, 2]
+    assert t2d[torch.tensor([0, 1, 11])].tolist() == [-1, -1, -1]
+    d2t_ties, _ = build_vocab_maps(tokens, target_vocab_size=12, draft_vocab_size=2)
+    assert d2t_ties.tolist() == [3, 5]  # 3 and 9 tie at 7: the lower id wins
+    d2t_lists, _ = build_vocab_maps([[5, 5, 3], [9]], target_vocab_size=12, draft_vocab_size=12)
+    assert d2t_lists.tolist() == list(range(12))  # the full vocabulary is a valid choice
+
+
+def test_reduced_draft_vocabulary_converts_ids(tiny_llama):
+    corpus = torch.randint(0, 40, (500,))
+    d2t, _ = build_vocab_maps(corpus, 128, 32)
+    drafter = EagleDrafter(EagleConfig(version=3, draft_vocab_size=32), tiny_llama, d2t=d2t)
+    ids, positions = _inputs(tiny_llama)
+    _, logits = drafter(torch.randn(2, 7, 64), ids, positions)
+    assert logits.shape == (2, 7, 32)
+    draft_ids = torch.arange(32)
+    target_ids = drafter.draft_to_target(draft_ids)
+    assert torch.equal(target_ids, d2t)
+    assert torch.equal(drafter.target_to_draft(target_ids), draft_ids)
+    outside = torch.tensor([i for i in range(128) if i not in set(d2t.tolist())][:5])
+    assert drafter.target_to_draft(outside).tolist() == [-1] * 5
+    # the draft lm_head starts from the target's output embedding rows of the kept tokens
+    torch.testing.assert_close(drafter.lm_head.weight, tiny_llama.lm_head.weight[d2t])
+
+
+def test_reduced_vocabulary_without_map_is_an_error(tiny_llama):
+    with pytest.raises(HeadConfigError, match="build_vocab_maps"):
+        EagleDrafter(EagleConfig(version=3, draft_vocab_size=32), tiny_llama)
+
+
+def test_bad_layer_ids_and_version(tiny_llama):
+    with pytest.raises(HeadConfigError, match="layer_ids"):
+        EagleDrafter(EagleConfig(version=3, layer_ids=[1, 2]), tiny_llama)
+    with pytest.raises(HeadConfigError, match="version"):
+        EagleDrafter(EagleConfig(version=2), tiny_llama)
+
+
+def test_missing_hidden_states_are_a_clear_error(tiny_llama):
+    drafter = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    with pytest.raises(ValueError, match="output_hidden_states"):
+        drafter.fuse([None, None, None])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [1, 3])
+def test_forward_on_smollm2(smollm2, version):
+    model, tokenizer = smollm2
+    drafter = EagleDrafter(EagleConfig(version=version), model)
+    ids = tokenizer("Speculative decoding drafts tokens cheaply.", return_tensors="pt").input_ids
+    positions = torch.arange(ids.shape[1])[None]
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=drafter.layer_ids)
+        hidden, logits = drafter(drafter.fuse(out.hidden_states)[:, :-1], ids[:, 1:], positions[:, :-1])
+    assert hidden.shape == (1, ids.shape[1] - 1, 576)
+    assert logits.shape == (1, ids.shape[1] - 1, 49152)
+    assert torch.isfinite(logits).all()
+    expected_ids = [30] if version == 1 else [2, 15, 27]
+    assert drafter.layer_ids == expected_ids

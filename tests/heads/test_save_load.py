@@ -1,0 +1,192 @@
+"""Round trips through config.json + model.safetensors, and every strict-load error."""
+
+import json
+
+import pytest
+import torch
+from conftest import make_tiny_llama
+from safetensors.torch import load_file, save_file
+
+from specheads.heads import (
+    DraftModel,
+    EagleConfig,
+    EagleDrafter,
+    HeadConfigError,
+    HeadLoadError,
+    MedusaConfig,
+    MedusaHeads,
+    build_vocab_maps,
+    load_head,
+)
+
+
+def _perturb(head):
+    """Give every trainable tensor non-trivial values so a round trip proves the weights really travel."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in head.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.01)
+    return head
+
+
+def _outputs(head, target):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 128, (1, 6))
+    if isinstance(head, MedusaHeads):
+        return head(torch.randn(1, 6, 64))
+    if isinstance(head, DraftModel):
+        return head(ids).logits
+    features = head.fuse(target(ids, output_hidden_states=True).hidden_states)
+    return head(features, ids, torch.arange(6)[None])[1]
+
+
+def _heads(target):
+    d2t, _ = build_vocab_maps(torch.randint(0, 60, (400,)), 128, 48)
+    return {
+        "medusa": MedusaHeads(MedusaConfig(num_heads=2, num_layers=2), target),
+        "medusa-shared": MedusaHeads(MedusaConfig(num_heads=2, share_lm_head=True), target),
+        "eagle1": EagleDrafter(EagleConfig(version=1), target),
+        "eagle3-reduced": EagleDrafter(EagleConfig(version=3, draft_vocab_size=48), target, d2t=d2t),
+        "draft-model": DraftModel.from_target(target, num_layers=1),
+    }
+
+
+@pytest.mark.parametrize("name", ["medusa", "medusa-shared", "eagle1", "eagle3-reduced", "draft-model"])
+def test_round_trip_gives_identical_outputs(tiny_llama, tmp_path, name):
+    head = _perturb(_heads(tiny_llama)[name])
+    expected = _outputs(head, tiny_llama)
+    head.save_pretrained(tmp_path / "head", card={"metrics": {"top1": 0.5}})
+    assert sorted(p.name for p in (tmp_path / "head").iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    loaded = load_head(tmp_path / "head", tiny_llama)
+    assert type(loaded) is type(head) and not loaded.training
+    assert not any(p.requires_grad for p in loaded.parameters())
+    torch.testing.assert_close(_outputs(loaded, tiny_llama), expected, rtol=0, atol=0)
+    saved = load_file(tmp_path / "head" / "model.safetensors")
+    assert not any("embed_tokens" in k for k in saved) or name == "draft-model"
+
+
+def test_config_json_records_target(tiny_llama, tmp_path):
+    EagleDrafter(EagleConfig(version=3), tiny_llama).save_pretrained(tmp_path)
+    meta = json.loads((tmp_path / "config.json").read_text())
+    assert meta["head_type"] == "eagle" and meta["format_version"] == 1
+    target = meta["config"]["target"]
+    assert target["name_or_path"] == "tiny-random-llama"
+    assert (target["hidden_size"], target["vocab_size"], target["num_hidden_layers"]) == (64, 128, 2)
+    assert meta["config"]["layer_ids"] == [2, 1, 0]
+
+
+@pytest.fixture
+def saved_medusa(tiny_llama, tmp_path):
+    folder = tmp_path / "medusa"
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    return folder
+
+
+def _edit_config(folder, edit):
+    meta = json.loads((folder / "config.json").read_text())
+    edit(meta)
+    (folder / "config.json").write_text(json.dumps(meta))
+
+
+def test_missing_tensor_is_an_error(tiny_llama, saved_medusa):
+    tensors = load_file(saved_medusa / "model.safetensors")
+    del tensors["blocks.1.0.linear.bias"]
+    save_file(tensors, saved_medusa / "model.safetensors")
+    with pytest.raises(HeadLoadError, match=r"missing tensors \['blocks.1.0.linear.bias'\]"):
+        load_head(saved_medusa, tiny_llama)
+
+
+def test_unexpected_tensor_is_an_error(tiny_llama, saved_medusa):
+    tensors = load_file(saved_medusa / "model.safetensors")
+    tensors["extra.weight"] = torch.zeros(2)
+    save_file(tensors, saved_medusa / "model.safetensors")
+    with pytest.raises(HeadLoadError, match=r"unexpected tensors \['extra.weight'\]"):
+        load_head(saved_medusa, tiny_llama)
+
+
+def test_shape_mismatch_is_an_error(tiny_llama, saved_medusa):
+    tensors = load_file(saved_medusa / "model.safetensors")
+    tensors["blocks.0.0.linear.bias"] = torch.zeros(65)
+    save_file(tensors, saved_medusa / "model.safetensors")
+    with pytest.raises(HeadLoadError, match=r"blocks.0.0.linear.bias: expected \(64,\), found \(65,\)"):
+        load_head(saved_medusa, tiny_llama)
+
+
+def test_config_disagreeing_with_weights_is_an_error(tiny_llama, saved_medusa):
+    _edit_config(saved_medusa, lambda m: m["config"].update(num_heads=3))
+    with pytest.raises(HeadLoadError, match="missing tensors"):
+        load_head(saved_medusa, tiny_llama)
+
+
+def test_unknown_head_type_and_format_version(tiny_llama, saved_medusa):
+    _edit_config(saved_medusa, lambda m: m.update(head_type="hydra"))
+    with pytest.raises(HeadLoadError, match=r"unknown head_type 'hydra'; expected one of"):
+        load_head(saved_medusa, tiny_llama)
+    _edit_config(saved_medusa, lambda m: m.update(head_type="medusa", format_version=99))
+    with pytest.raises(HeadLoadError, match="format_version 99 is not supported"):
+        load_head(saved_medusa, tiny_llama)
+
+
+def test_unknown_config_key_lists_valid_keys(tiny_llama, saved_medusa):
+    _edit_config(saved_medusa, lambda m: m["config"].update(num_hedas=3))
+    with pytest.raises(HeadConfigError, match=r"unknown keys \['num_hedas'\]; valid keys are"):
+        load_head(saved_medusa, tiny_llama)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"vocab_size": 256}, "vocab_size: head was built for 128, target has 256"),
+        ({"num_layers": 3}, "num_hidden_layers: head was built for 2, target has 3"),
+    ],
+)
+def test_target_with_other_shapes_is_an_error(saved_medusa, kwargs, message):
+    other = make_tiny_llama(**kwargs)
+    with pytest.raises(HeadConfigError, match=message):
+        load_head(saved_medusa, other)
+
+
+def test_other_hidden_size_is_an_error(saved_medusa):
+    _edit_config(saved_medusa, lambda m: m["config"]["target"].update(hidden_size=32))
+    with pytest.raises(HeadConfigError, match="hidden_size: head was built for 32, target has 64"):
+        load_head(saved_medusa, make_tiny_llama())
+
+
+def test_other_target_name_with_same_shapes_warns(saved_medusa):
+    other = make_tiny_llama(seed=3)
+    other.config.name_or_path = "another-tiny-llama"
+    with pytest.warns(UserWarning, match="another-tiny-llama"):
+        load_head(saved_medusa, other)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "bad-json", "no-weights"])
+def test_corrupt_files_give_clear_errors(tiny_llama, saved_medusa, damage):
+    weights = saved_medusa / "model.safetensors"
+    if damage == "truncate":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "garbage":
+        weights.write_bytes(b"not a safetensors file at all")
+    elif damage == "bad-json":
+        (saved_medusa / "config.json").write_text('{"head_type": "medusa", ')
+    else:
+        weights.unlink()
+    with pytest.raises(HeadLoadError, match="corrupt or truncated|has no model.safetensors"):
+        load_head(saved_medusa, tiny_llama)
+
+
+def test_missing_folder_offline_is_a_clear_error(tiny_llama, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from specheads.heads.hub import HubError
+
+    with pytest.raises(HubError, match="is not a local folder and could not be fetched"):
+        load_head("nobody/no-such-head", tiny_llama)
+
+
+def test_save_over_existing_folder_keeps_side_files(tiny_llama, tmp_path):
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    (folder / "lora").mkdir()
+    (folder / "lora" / "adapter_config.json").write_text("{}")
+    MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(folder)
+    assert (folder / "lora" / "adapter_config.json").is_file()
+    assert load_head(folder, tiny_llama).num_heads == 3

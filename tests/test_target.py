@@ -1,0 +1,131 @@
+"""load_target: the built-in SmolLM2 target from its PyPI package, its cache, and clear errors."""
+
+import os
+
+import pytest
+import torch
+from conftest import SMOLLM2, make_tiny_llama
+from transformers import LlamaForCausalLM, T5Config
+
+from specheads.target import (
+    BUILTIN_TARGETS,
+    TargetLoadError,
+    builtin_cache_dir,
+    check_tree_attention_support,
+    load_target,
+)
+
+
+@pytest.mark.slow
+def test_builtin_target_is_frozen_and_cached(smollm2):
+    model, tokenizer = smollm2
+    assert model.config.name_or_path == SMOLLM2
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    assert model.config.num_hidden_layers == 30 and model.config.hidden_size == 576
+    assert model.config._attn_implementation == "sdpa"
+    assert tokenizer.pad_token_id is not None
+    weights = builtin_cache_dir(SMOLLM2) / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    again, _ = load_target(SMOLLM2)  # the second load reads the safetensors cache, it does not convert again
+    assert weights.stat().st_mtime_ns == stamp
+    ids = torch.tensor([[1, 504, 3458, 314]])
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_cached_copy_matches_the_gguf_file(smollm2):
+    """The cache is a lossless copy: logits equal those of the model loaded straight from the package's GGUF."""
+    import importlib.resources
+
+    spec = BUILTIN_TARGETS[SMOLLM2]
+    gguf = os.path.join(str(importlib.resources.files(spec.package)), spec.gguf_file)
+    direct, _ = load_target(gguf, check_tree_attention=False)
+    model, _ = smollm2
+    ids = torch.tensor([[1, 504, 3458, 314, 28, 957]])
+    with torch.no_grad():
+        torch.testing.assert_close(direct(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_hidden_state_index_convention(smollm2):
+    """Index 0 = embeddings, index i = input of layer i, last entry = after the final norm."""
+    model, tokenizer = smollm2
+    ids = tokenizer("The hidden states of a decoder", return_tensors="pt").input_ids
+    layer_inputs = {}
+    hooks = [
+        model.model.layers[i].register_forward_pre_hook(
+            lambda module, args, kwargs, i=i: layer_inputs.__setitem__(
+                i, (args[0] if args else kwargs["hidden_states"])
+            ),
+            with_kwargs=True,
+        )
+        for i in (0, 2, 15, 29)
+    ]
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    for hook in hooks:
+        hook.remove()
+    hidden = out.hidden_states
+    assert len(hidden) == model.config.num_hidden_layers + 1
+    torch.testing.assert_close(hidden[0], model.model.embed_tokens(ids))
+    for i in (0, 2, 15, 29):
+        torch.testing.assert_close(hidden[i], layer_inputs[i])
+    torch.testing.assert_close(model.lm_head(hidden[-1]), out.logits, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        picked = model(ids, output_hidden_states=[2, 15, 27]).hidden_states
+    torch.testing.assert_close(picked[15], hidden[15])
+
+
+def test_local_directory_round_trip(smollm2, tmp_path):
+    """A plain HF model directory loads; the tokenizer comes from the converted SmolLM2 cache the fixture made."""
+    make_tiny_llama().save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((builtin_cache_dir(SMOLLM2) / name).read_bytes())
+    model, tokenizer = load_target(tmp_path)
+    assert isinstance(model, LlamaForCausalLM) and not model.training
+    assert model.config.name_or_path == str(tmp_path)
+    assert tokenizer.pad_token_id is not None
+
+
+def test_missing_gguf_file(tmp_path):
+    with pytest.raises(TargetLoadError, match="GGUF file not found"):
+        load_target(tmp_path / "nope.gguf")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(TargetLoadError, match="has no config.json"):
+        load_target(tmp_path)
+
+
+def test_not_a_causal_lm(tmp_path):
+    T5Config(d_model=16, d_ff=32, num_layers=1, num_heads=2, vocab_size=32).save_pretrained(tmp_path)
+    with pytest.raises(TargetLoadError, match="not a causal language model"):
+        load_target(tmp_path)
+
+
+def test_hub_id_offline_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(TargetLoadError, match="If you are offline, pass a local model directory"):
+        load_target("some-org/some-model-that-is-not-cached")
+
+
+def test_unsupported_attention_implementation():
+    with pytest.raises(TargetLoadError, match="flash_attention_2"):
+        load_target(SMOLLM2, attn_implementation="flash_attention_2")
+
+
+class _MaskIgnoringLlama(LlamaForCausalLM):
+    """Stands in for an architecture that builds its own causal mask and drops the one it is given."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
+        return super().forward(input_ids=input_ids, **kwargs)
+
+
+def test_architecture_ignoring_4d_masks_is_rejected():
+    tiny = make_tiny_llama()
+    check_tree_attention_support(tiny)  # a stock Llama honours the mask
+    ignoring = _MaskIgnoringLlama(tiny.config).eval()
+    ignoring.load_state_dict(tiny.state_dict())
+    with pytest.raises(TargetLoadError, match="ignores a custom 4D attention mask"):
+        check_tree_attention_support(ignoring)
