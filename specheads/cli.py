@@ -14,7 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("specheads.training.train_cli", "train_main", "train a draft head on a frozen target (YAML config)"),
     "data": ("specheads.training.data_cli", "data_main", "self-distil training data; cache target features"),
     "generate": ("specheads.decoding.cli", "generate_main", "generate with speculative decoding (or plainly)"),
-    "bench": ("specheads.decoding.bench_cli", "bench_main", "benchmark heads against generate and assisted decoding"),
+    "bench": ("specheads.bench.cli", "bench_main", "benchmark heads against generate and assisted decoding"),
     "push": ("specheads.heads.push_cli", "push_main", "upload a saved head folder to the Hugging Face Hub"),
 }
 

@@ -10,7 +10,7 @@ from specheads.heads.eagle import (
     build_vocab_maps,
     default_eagle3_layer_ids,
 )
-from specheads.heads.load import HEADS, HeadLoadError, load_head, read_head_config
+from specheads.heads.load import HEADS, LORA_DIR, HeadLoadError, load_head, load_lora_adapter, read_head_config
 from specheads.heads.masks import causal_additive_mask, padding_causal_mask
 from specheads.heads.medusa import MEDUSA_HEAD_OFFSET, MedusaConfig, MedusaHeads, predicted_offset
 
@@ -26,6 +26,7 @@ __all__ = [
     "HeadConfig",
     "HeadConfigError",
     "HeadLoadError",
+    "LORA_DIR",
     "MEDUSA_HEAD_OFFSET",
     "MedusaConfig",
     "MedusaHeads",
@@ -34,6 +35,7 @@ __all__ = [
     "causal_additive_mask",
     "default_eagle3_layer_ids",
     "load_head",
+    "load_lora_adapter",
     "padding_causal_mask",
     "predicted_offset",
     "read_head_config",

@@ -132,3 +132,24 @@ def _tied_aliases(head: DraftHead) -> set[str]:
         else:
             seen[key] = name
     return aliases
+
+
+LORA_DIR = "lora"
+"""Medusa-2 saves the target's LoRA adapter (a peft folder) in this subfolder of the head folder."""
+
+
+def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -> PreTrainedModel:
+    """Merge a Medusa-2 LoRA adapter saved beside a head into ``target`` and return the merged, frozen model.
+
+    Heads without an adapter return ``target`` unchanged. Merging changes the target's weights in place: the
+    adapted target is the model whose output decoding then reproduces exactly.
+    """
+    adapter = Path(head_folder) / LORA_DIR
+    if not adapter.is_dir():
+        return target
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(target, str(adapter)).merge_and_unload()
+    merged.eval()
+    merged.requires_grad_(False)
+    return merged
