@@ -190,3 +190,30 @@ def test_save_over_existing_folder_keeps_side_files(tiny_llama, tmp_path):
     MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(folder)
     assert (folder / "lora" / "adapter_config.json").is_file()
     assert load_head(folder, tiny_llama).num_heads == 3
+
+
+def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path):
+    """Medusa-2: the adapted target saved in <head>/lora is what decoding runs; merging must not change outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    from specheads.heads import load_lora_adapter
+
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    adapted = get_peft_model(make_tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)  # B starts at zero; make the adapter matter
+        expected = adapted(ids).logits
+        plain = make_tiny_llama()(ids).logits
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), make_tiny_llama()).save_pretrained(folder)
+    adapted.save_pretrained(folder / "lora")
+    merged = load_lora_adapter(make_tiny_llama(), folder)
+    with torch.no_grad():
+        got = merged(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, plain)
+    assert not any(p.requires_grad for p in merged.parameters())
+    untouched = make_tiny_llama()
+    assert load_lora_adapter(untouched, tmp_path / "no-adapter") is untouched
