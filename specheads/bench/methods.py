@@ -1,0 +1,175 @@
+"""The decoding methods a benchmark compares, behind one small interface.
+
+Every method takes the same prompt ids and returns a ``MethodRun``: the new token ids and where the time went.
+transformers' own methods (plain ``generate``, prompt lookup, assisted generation) are timed from outside with
+forward hooks (target forwards = verify time, assistant forwards = draft time), so they are measured exactly as a
+user would run them; specheads methods report their own ``GenerationStats``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads.decoding.generator import SpeculativeGenerator
+
+
+@dataclass
+class MethodRun:
+    """One method on one prompt."""
+
+    token_ids: list[int]
+    seconds: float
+    target_forwards: int  # prefill included
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    accepted_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per step (specheads only)
+    depth_attempts: list[int] = field(default_factory=list)
+    depth_accepts: list[int] = field(default_factory=list)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target forward, counting the bonus token (the prefill forward counts)."""
+        return self.new_tokens / max(self.target_forwards, 1)
+
+    @property
+    def other_s(self) -> float:
+        return max(self.seconds - self.draft_s - self.verify_s, 0.0)
+
+
+@dataclass
+class Method:
+    """A named way to generate. ``lossless``: at T=0 its output must equal plain ``generate`` token for token."""
+
+    name: str
+    run: Callable[[torch.Tensor, int, float, int], MethodRun]  # (input_ids (1, T), max_new_tokens, temperature, seed)
+    lossless: bool = True
+    description: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # shown in the report (e.g. the chosen tree)
+
+
+class ForwardTimer:
+    """Counts and times a module's forward calls with hooks (synchronising CUDA so the times are real)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module, self.calls, self.seconds = module, 0, 0.0
+        self._start = 0.0
+        self._handles: list[Any] = []
+
+    def _sync(self) -> None:
+        if next(self.module.parameters()).device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def _before(self, module: torch.nn.Module, args: Any) -> None:
+        self._sync()
+        self._start = time.perf_counter()
+
+    def _after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._sync()
+        self.seconds += time.perf_counter() - self._start
+        self.calls += 1
+
+    def __enter__(self) -> ForwardTimer:
+        self._handles = [
+            self.module.register_forward_pre_hook(self._before),
+            self.module.register_forward_hook(self._after),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def generation_config_for(model: PreTrainedModel, max_new_tokens: int, temperature: float) -> GenerationConfig:
+    """The target's generation config with the benchmark's sampling: greedy at T=0, else pure temperature sampling
+    over the full vocabulary (no top-k/top-p, which specheads applies only when asked)."""
+    config = copy.deepcopy(model.generation_config)
+    config.max_new_tokens = max_new_tokens
+    config.do_sample = temperature > 0
+    config.temperature = temperature if temperature > 0 else 1.0
+    config.top_k, config.top_p = (0 if temperature > 0 else None), (1.0 if temperature > 0 else None)
+    if config.pad_token_id is None:
+        config.pad_token_id = config.eos_token_id
+    return config
+
+
+def hf_method(
+    name: str,
+    target: PreTrainedModel,
+    lossless: bool = True,
+    description: str = "",
+    assistant: PreTrainedModel | None = None,
+    **generate_kwargs: Any,
+) -> Method:
+    """transformers ``generate`` with extra keyword arguments (``prompt_lookup_num_tokens``, ``assistant_model``)."""
+
+    def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
+        config = generation_config_for(target, max_new_tokens, temperature)
+        kwargs = dict(generate_kwargs)
+        if assistant is not None:
+            kwargs["assistant_model"] = assistant
+        torch.manual_seed(seed)
+        drafter = ForwardTimer(assistant) if assistant is not None else None
+        with ForwardTimer(target) as verify, drafter or contextlib.nullcontext():
+            start = time.perf_counter()
+            out = target.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs
+            )
+            _sync(target)
+            seconds = time.perf_counter() - start
+        return MethodRun(
+            token_ids=out[0, input_ids.shape[1] :].tolist(),
+            seconds=seconds,
+            target_forwards=verify.calls,
+            draft_s=drafter.seconds if drafter is not None else 0.0,
+            verify_s=verify.seconds,
+        )
+
+    return Method(name, run, lossless=lossless, description=description)
+
+
+def specheads_method(
+    name: str,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    drafter: Any,
+    acceptance: str = "speculative",
+    description: str = "",
+    extra: dict[str, Any] | None = None,
+) -> Method:
+    """specheads' ``SpeculativeGenerator`` with a drafter (None = plain decoding through the speculative loop)."""
+    generator = SpeculativeGenerator(target, tokenizer, drafter=drafter, acceptance=acceptance)
+
+    def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
+        result = generator.generate(input_ids[0], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        _sync(target)
+        stats = result.stats
+        return MethodRun(
+            token_ids=list(result.token_ids),
+            seconds=stats.total_s,
+            target_forwards=stats.target_forwards,
+            draft_s=stats.draft_s,
+            verify_s=stats.verify_s,
+            accepted_lengths=list(stats.accepted_lengths),
+            depth_attempts=list(stats.depth_attempts),
+            depth_accepts=list(stats.depth_accepts),
+        )
+
+    return Method(name, run, lossless=acceptance != "typical", description=description, extra=dict(extra or {}))
+
+
+def _sync(model: PreTrainedModel) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()

@@ -1,0 +1,83 @@
+"""Spec-Bench questions (https://github.com/hemingkx/Spec-Bench): loading, category mapping and selection.
+
+Spec-Bench's ``question.jsonl`` stores its MT-bench block (question ids 81-160) under MT-bench's eight
+sub-categories (writing, roleplay, ...). Spec-Bench itself reports them as one category, ``mt_bench``; so do we.
+Only the first turn of each question is benchmarked (as Spec-Bench does for single-turn speed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+MT_BENCH_IDS = range(81, 161)
+"""Question ids of Spec-Bench's MT-bench block, reported as category ``mt_bench``."""
+
+MT_BENCH = "mt_bench"
+
+DEFAULT_QUESTIONS = Path("..") / "shared" / "data" / "spec_bench" / "question.jsonl"
+"""Where the question file lives relative to the repository root on the project's machines."""
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: int
+    category: str  # Spec-Bench category (MT-bench sub-categories folded into ``mt_bench``)
+    prompt: str  # the first turn
+
+
+def spec_bench_category(question_id: int, category: str) -> str:
+    """The Spec-Bench reporting category of a question: ids 81-160 are ``mt_bench`` whatever the file says."""
+    return MT_BENCH if question_id in MT_BENCH_IDS else category
+
+
+def load_questions(path: str | Path) -> list[Question]:
+    """Read a Spec-Bench-format JSONL file (``question_id``, ``category``, ``turns``) in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"question file {path} not found; pass --questions PATH to a Spec-Bench question.jsonl "
+            "(JSON lines with question_id, category, turns)"
+        )
+    questions = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        missing = {"question_id", "category", "turns"} - set(record)
+        if missing or not record.get("turns"):
+            raise ValueError(f"{path}:{number}: expected question_id, category and non-empty turns; missing {missing}")
+        qid = int(record["question_id"])
+        questions.append(Question(qid, spec_bench_category(qid, record["category"]), record["turns"][0]))
+    return questions
+
+
+def select_per_category(
+    questions: list[Question], per_category: int, categories: list[str] | None = None
+) -> list[Question]:
+    """The first ``per_category`` questions of each category (file order), categories in first-seen order."""
+    by_category: dict[str, list[Question]] = defaultdict(list)
+    for question in questions:
+        by_category[question.category].append(question)
+    if categories:
+        unknown = set(categories) - set(by_category)
+        if unknown:
+            raise ValueError(f"unknown categories {sorted(unknown)}; the file has {sorted(by_category)}")
+    chosen = categories or list(by_category)
+    return [q for category in chosen for q in by_category[category][:per_category]]
+
+
+def find_default_questions(repo_root: Path | None = None) -> Path:
+    """``../shared/data/spec_bench/question.jsonl`` next to the repository (or the current directory)."""
+    roots = [repo_root] if repo_root is not None else []
+    roots += [Path.cwd(), Path(__file__).resolve().parents[2]]
+    for root in roots:
+        candidate = (root / DEFAULT_QUESTIONS).resolve()
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no Spec-Bench question file at {DEFAULT_QUESTIONS} relative to {[str(r) for r in roots]}; "
+        "pass --questions PATH"
+    )

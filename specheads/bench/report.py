@@ -1,0 +1,188 @@
+"""Aggregate benchmark records per category and overall; write JSON, a markdown table and PNG plots.
+
+speedup = baseline seconds per token / method seconds per token over the same prompts. At T=0 lossless methods
+produce the baseline's tokens, so this is exactly baseline time / method time; at T>0 outputs differ in length and
+per-token time is the fair comparison.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from specheads.bench.methods import Method
+from specheads.bench.runner import Record
+
+OVERALL = "overall"
+
+
+def summarize(records: list[Record]) -> dict[str, Any]:
+    """Totals over a group of records of one method."""
+    runs = [r.run for r in records]
+    tokens = sum(r.new_tokens for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    forwards = sum(r.target_forwards for r in runs)
+    accepted = [a for r in runs for a in r.accepted_lengths]
+    depth = max((len(r.depth_attempts) for r in runs), default=0)
+    attempts = [sum(r.depth_attempts[d] for r in runs if d < len(r.depth_attempts)) for d in range(depth)]
+    accepts = [sum(r.depth_accepts[d] for r in runs if d < len(r.depth_accepts)) for d in range(depth)]
+    compared = [r.identical for r in records if r.identical is not None]
+    return {
+        "prompts": len(records),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / max(seconds, 1e-9),
+        "target_forwards": forwards,
+        "tau": tokens / max(forwards, 1),
+        "draft_s": sum(r.draft_s for r in runs),
+        "verify_s": sum(r.verify_s for r in runs),
+        "other_s": sum(r.other_s for r in runs),
+        "accepted_length_hist": dict(sorted(Counter(accepted).items())),
+        "mean_accepted_length": sum(accepted) / len(accepted) if accepted else None,
+        "acceptance_per_depth": [a / max(n, 1) for a, n in zip(accepts, attempts)],
+        "identical": sum(compared) if compared else None,
+        "compared": len(compared),
+        "peak_mem_mb": max(r.peak_mem_mb for r in records),
+    }
+
+
+def aggregate(records: list[Record], methods: list[Method], config: dict[str, Any]) -> dict[str, Any]:
+    """The whole report as one JSON-serialisable dict; ``methods[0]`` is the baseline."""
+    categories = list(dict.fromkeys(r.question.category for r in records))
+    results: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        mine = [r for r in records if r.method == method.name]
+        groups = {c: [r for r in mine if r.question.category == c] for c in categories}
+        results[method.name] = {c: summarize(g) for c, g in {**groups, OVERALL: mine}.items() if g}
+    baseline = results[methods[0].name]
+    for per_group in results.values():
+        for group, summary in per_group.items():
+            summary["speedup"] = summary["tokens_per_s"] / max(baseline[group]["tokens_per_s"], 1e-9)
+    mismatches = [
+        {"method": r.method, "question_id": r.question.question_id, "category": r.question.category}
+        for r in records
+        if r.identical is False and _lossless(methods, r.method)
+    ]
+    return {
+        "config": config,
+        "baseline": methods[0].name,
+        "categories": categories,
+        "methods": {m.name: {"description": m.description, "lossless": m.lossless, **m.extra} for m in methods},
+        "results": results,
+        "mismatches": mismatches if config.get("temperature", 0) == 0 else [],
+        "per_prompt": [
+            {
+                "question_id": r.question.question_id,
+                "category": r.question.category,
+                "method": r.method,
+                "new_tokens": r.run.new_tokens,
+                "seconds": r.run.seconds,
+                "tau": r.run.tau,
+                "identical": r.identical,
+            }
+            for r in records
+        ],
+    }
+
+
+def _lossless(methods: list[Method], name: str) -> bool:
+    return next(m.lossless for m in methods if m.name == name)
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """Tables: overall per method, speedup and tau per category, accepted-length histograms."""
+    results, categories = report["results"], report["categories"]
+    config = report["config"]
+    greedy = config.get("temperature", 0) == 0
+    lines = [
+        f"Target `{config.get('target')}` on {config.get('device')} ({config.get('dtype')}), "
+        f"T={config.get('temperature')}, {config.get('max_new_tokens')} new tokens, "
+        f"{config.get('per_category')} prompt(s) per category, baseline `{report['baseline']}`.",
+        "",
+        "| method | tau | tokens/s | speedup | identical at T=0 | time draft / verify / other | peak mem (MB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, per_group in results.items():
+        s = per_group[OVERALL]
+        identical = "baseline" if name == report["baseline"] else (f"{s['identical']}/{s['compared']}")
+        total = max(s["seconds"], 1e-9)
+        split = " / ".join(f"{100 * s[k] / total:.0f}%" for k in ("draft_s", "verify_s", "other_s"))
+        lines.append(
+            f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {s['speedup']:.2f}x | "
+            f"{identical if greedy else 'n/a (T>0)'} | {split} | {s['peak_mem_mb']:.0f} |"
+        )
+    for title, key, fmt in (("Speedup", "speedup", "{:.2f}x"), ("tau", "tau", "{:.2f}")):
+        lines += ["", f"{title} per category:", "", "| method | " + " | ".join(categories) + " | overall |"]
+        lines.append("|---" * (len(categories) + 2) + "|")
+        for name, per_group in results.items():
+            cells = [fmt.format(per_group[c][key]) if c in per_group else "-" for c in [*categories, OVERALL]]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    hists = {n: g[OVERALL] for n, g in results.items() if g[OVERALL]["accepted_length_hist"]}
+    if hists:
+        longest = max(max(int(k) for k in s["accepted_length_hist"]) for s in hists.values())
+        lines += ["", "Accepted draft tokens per step (share of steps):", ""]
+        lines += ["| method | " + " | ".join(str(k) for k in range(longest + 1)) + " | mean |"]
+        lines.append("|---" * (longest + 3) + "|")
+        for name, s in hists.items():
+            hist = {int(k): v for k, v in s["accepted_length_hist"].items()}
+            steps = sum(hist.values())
+            cells = [f"{100 * hist.get(k, 0) / steps:.0f}%" for k in range(longest + 1)]
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {s['mean_accepted_length']:.2f} |")
+    trees = {n: m["tree"] for n, m in report["methods"].items() if m.get("tree")}
+    if trees:
+        lines += ["", "Trees:", ""] + [f"- `{n}`: {t}" for n, t in trees.items()]
+    if report["mismatches"]:
+        lines += ["", "**MISMATCHES at T=0 (lossless methods whose output differs from the baseline):**", ""]
+        lines += [f"- `{m['method']}` on question {m['question_id']} ({m['category']})" for m in report["mismatches"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``speedup.png`` (per category per method) and ``acceptance.png`` (acceptance rate per tree depth)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results, categories = report["results"], [*report["categories"], OVERALL]
+    names = [n for n in results if n != report["baseline"]]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories)), 4))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        xs = [c + i * width for c in range(len(categories))]
+        ax.bar(xs, [results[name].get(c, {}).get("speedup", 0) for c in categories], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([c + width * (len(names) - 1) / 2 for c in range(len(categories))], categories, rotation=20)
+    ax.set_ylabel(f"speedup over {report['baseline']}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    paths = [out_dir / "speedup.png"]
+    fig.savefig(paths[0], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, per_group in results.items():
+        rates = per_group[OVERALL]["acceptance_per_depth"]
+        if rates:
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
+    ax.set_xlabel("tree depth")
+    ax.set_ylabel("acceptance rate (steps reaching the depth)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    paths.append(out_dir / "acceptance.png")
+    fig.savefig(paths[1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write ``results.json``, ``results.md`` and the plots into ``out_dir``; returns the paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
+    paths["json"].write_text(json.dumps(report, indent=2))
+    paths["markdown"].write_text(markdown_report(report))
+    speedup, acceptance = plot_report(report, out_dir)
+    return {**paths, "speedup_png": speedup, "acceptance_png": acceptance}

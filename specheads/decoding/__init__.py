@@ -1,0 +1,1 @@
+"""How draft heads are used: tree, draft, verify, accept, cache commit, generate."""

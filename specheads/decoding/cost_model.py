@@ -1,0 +1,281 @@
+"""Pick a draft tree from what it costs on this device and what the drafter gets accepted (the ``auto`` tree).
+
+Verifying n tree nodes costs ~3.5x one decode step at n = 64 on a 2-core CPU but ~1x on a GPU (shared NOTES), so the
+best tree is a property of the hardware as much as of the head. We measure the target's forward cost for a few
+sizes once per (device, model, dtype), measure the drafter's acceptance per (depth, rank) on a short calibration,
+and pick the tree maximising expected tokens per second:
+
+    rate(tree) = E[committed tokens per step] / (draft_cost(depth) + verify_cost(nodes) + overhead)
+
+Under greedy acceptance a node is committed iff every guess on its path was the target's token, so
+E[committed] = 1 + sum over nodes of prod_d p(d, rank_d) (tau counts the bonus token), with p(d, r) the probability
+that depth d's rank-r guess is right given its parent was. Since a child is never likelier than its parent, the best
+tree of each size is grown best-first (as Medusa's tree construction, https://arxiv.org/abs/2401.10774, and
+Sequoia's, https://arxiv.org/abs/2402.12374, under a position-independence assumption).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specheads.decoding.kv_cache import crop_to
+from specheads.decoding.tree import chain_parents
+from specheads.decoding.verify import verify_tree
+
+COST_SIZES = (1, 2, 4, 8, 16, 32, 64)
+"""Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
+
+Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"
+
+
+@dataclass
+class CostCurve:
+    """Seconds of one target forward over n new tokens on top of a cached prefix, at a few n."""
+
+    sizes: list[int]
+    seconds: list[float]
+    device: str = ""
+    model: str = ""
+    dtype: str = ""
+    prefix_len: int = 0
+
+    def at(self, n: int) -> float:
+        """Linear interpolation between measured sizes; linear extrapolation past the largest."""
+        sizes, secs = self.sizes, self.seconds
+        if n <= sizes[0]:
+            return secs[0]
+        for (n0, s0), (n1, s1) in zip(zip(sizes, secs), zip(sizes[1:], secs[1:])):
+            if n <= n1:
+                return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
+        slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2]) if len(sizes) > 1 else 0.0
+        return secs[-1] + slope * (n - sizes[-1])
+
+    def relative(self) -> list[float]:
+        """Cost of each measured size relative to one token (1.0 = as cheap as a decode step)."""
+        return [s / self.seconds[0] for s in self.seconds]
+
+
+def device_label(device: torch.device) -> str:
+    """A cache key for the hardware: the GPU's name, or the CPU architecture and thread count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
+
+
+@torch.inference_mode()
+def measure_cost_curve(
+    target: PreTrainedModel, sizes: Sequence[int] = COST_SIZES, prefix_len: int = 128, repeats: int = 3
+) -> CostCurve:
+    """Time one chain verification of each size on top of a ``prefix_len`` cache.
+
+    Sizes are interleaved within each repeat and the minimum is kept: on a shared machine, noise only ever adds
+    time, so the fastest run is the best estimate of the cost itself. The first pass is a discarded warm-up.
+    """
+    device = target.device
+    vocab = target.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=generator).to(device)
+    cache = DynamicCache(config=target.config)
+    target(input_ids=prefix, cache=cache, use_cache=True)
+    best = {n: float("inf") for n in sizes}
+    for attempt in range(repeats + 1):
+        for n in sizes:
+            tokens = torch.randint(0, vocab, (n,), generator=generator).to(device)
+            _sync(device)
+            start = time.perf_counter()
+            verify_tree(target, cache, tokens, chain_parents(n).to(device))
+            _sync(device)
+            if attempt:
+                best[n] = min(best[n], time.perf_counter() - start)
+            crop_to(cache, prefix_len)
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    name = str(target.config.name_or_path)
+    return CostCurve(list(sizes), [best[n] for n in sizes], device_label(device), name, dtype, prefix_len)
+
+
+def load_or_measure_cost_curve(target: PreTrainedModel, cache_dir: Path, refresh: bool = False) -> CostCurve:
+    """The cached curve for (device, model, dtype) under ``cache_dir``, measuring and caching it on first use."""
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    key = f"{device_label(target.device)}__{target.config.name_or_path}__{dtype}"
+    path = Path(cache_dir) / "cost_model" / ("".join(c if c.isalnum() or c in "-_." else "_" for c in key) + ".json")
+    if path.is_file() and not refresh:
+        return CostCurve(**json.loads(path.read_text()))
+    curve = measure_cost_curve(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(curve), indent=2))
+    return curve
+
+
+@dataclass
+class RankAcceptance:
+    """``probs[d][r]``: P(the target's token at depth d+1 is the drafter's rank-r guess | its parent was accepted)."""
+
+    probs: list[list[float]]
+
+    def path_prob(self, path: Path_) -> float:
+        prob = 1.0
+        for depth, rank in enumerate(path):
+            if depth >= len(self.probs) or rank >= len(self.probs[depth]):
+                return 0.0
+            prob *= self.probs[depth][rank]
+        return prob
+
+
+@dataclass
+class DraftCost:
+    """Seconds to draft a tree of a given depth: ``fixed + per_depth * depth`` (0 when nothing is drafted)."""
+
+    fixed_s: float = 0.0
+    per_depth_s: float = 0.0
+
+    def __call__(self, depth: int) -> float:
+        return 0.0 if depth == 0 else self.fixed_s + self.per_depth_s * depth
+
+
+@dataclass
+class TreeChoice:
+    """A tree (Medusa choices; no choices = plain decoding) and the rate the cost model expects from it."""
+
+    choices: list[list[int]]
+    expected_tau: float
+    step_seconds: float
+    candidates: list[dict[str, float]] = field(default_factory=list)  # every size considered, for the report
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, root excluded."""
+        return len(self.choices)
+
+    @property
+    def depth(self) -> int:
+        return max((len(c) for c in self.choices), default=0)
+
+    @property
+    def top_k(self) -> int:
+        return max((max(c) + 1 for c in self.choices), default=1)
+
+    @property
+    def expected_tokens_per_s(self) -> float:
+        return self.expected_tau / self.step_seconds
+
+    def describe(self) -> str:
+        return (
+            f"{self.num_nodes} nodes, depth {self.depth}, top-{self.top_k}: expected tau {self.expected_tau:.2f}, "
+            f"{self.expected_tokens_per_s:.1f} tokens/s"
+        )
+
+
+def best_first_paths(acceptance: RankAcceptance, max_nodes: int) -> list[tuple[Path_, float]]:
+    """The ``max_nodes`` likeliest paths, grown best-first so every prefix of the list is a valid tree."""
+    widths = [len(row) for row in acceptance.probs]
+    heap: list[tuple[float, int, Path_]] = []
+    for rank in range(widths[0] if widths else 0):
+        heapq.heappush(heap, (-acceptance.path_prob((rank,)), 1, (rank,)))
+    chosen: list[tuple[Path_, float]] = []
+    while heap and len(chosen) < max_nodes:
+        neg_prob, depth, path = heapq.heappop(heap)
+        if neg_prob == 0.0:
+            break  # nothing left that can ever be accepted
+        chosen.append((path, -neg_prob))
+        if depth < len(widths):
+            for rank in range(widths[depth]):
+                child = (*path, rank)
+                heapq.heappush(heap, (-acceptance.path_prob(child), depth + 1, child))
+    return chosen
+
+
+def choose_tree(
+    acceptance: RankAcceptance,
+    verify_cost: Callable[[int], float],
+    draft_cost: Callable[[int], float],
+    overhead_s: float = 0.0,
+    max_nodes: int = 63,
+) -> TreeChoice:
+    """The tree size (and shape) maximising expected tokens/s; ``verify_cost(n)`` takes nodes incl. the root."""
+    paths = best_first_paths(acceptance, max_nodes)
+    best: TreeChoice | None = None
+    candidates = []
+    expected, depth = 1.0, 0
+    for n in range(len(paths) + 1):
+        if n:
+            expected += paths[n - 1][1]
+            depth = max(depth, len(paths[n - 1][0]))
+        step = draft_cost(depth) + verify_cost(n + 1) + overhead_s
+        candidates.append({"nodes": n, "depth": depth, "expected_tau": expected, "tokens_per_s": expected / step})
+        if best is None or expected / step > best.expected_tokens_per_s:
+            best = TreeChoice([list(p) for p, _ in paths[:n]], expected, step)
+    assert best is not None
+    best.candidates = candidates
+    return best
+
+
+class RecordingDrafter:
+    """Wraps any drafter and counts, per (depth, rank), how often the target's token was that guess.
+
+    After each step the accepted path is walked from the root: at each reached node, every child is a trial of its
+    rank (children are in draft order, best first) and the child whose token the target committed is a hit.
+    """
+
+    def __init__(self, drafter: Any) -> None:
+        self.drafter, self.layer_ids = drafter, list(drafter.layer_ids)
+        self.trials: list[list[int]] = []
+        self.hits: list[list[int]] = []
+        self._tree: tuple[list[int], list[int]] = ([], [])
+
+    def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> Any:
+        return self.drafter.begin(prompt_ids, hidden_states, root, sampling, generator)
+
+    def propose(self, state: Any) -> Any:
+        tree = self.drafter.propose(state)
+        self._tree = (tree.tokens.tolist(), tree.parents.tolist())
+        return tree
+
+    def observe(self, state: Any, fed_tokens: torch.Tensor, hidden_states: Any, root: int) -> None:
+        self.record(self._tree[0], self._tree[1], fed_tokens.view(-1).tolist()[1:] + [root])
+        self.drafter.observe(state, fed_tokens, hidden_states, root)
+
+    def record(self, tokens: list[int], parents: list[int], committed: list[int]) -> None:
+        """``committed``: the tokens the target committed after the root (accepted drafts, then the bonus)."""
+        children: list[list[int]] = [[] for _ in tokens]
+        for node, parent in enumerate(parents[1:], start=1):
+            children[parent].append(node)
+        node = 0
+        for depth, token in enumerate(committed):
+            kids = children[node]
+            if not kids:
+                return
+            while len(self.trials) <= depth:
+                self.trials.append([])
+                self.hits.append([])
+            row_t, row_h = self.trials[depth], self.hits[depth]
+            row_t += [0] * (len(kids) - len(row_t))
+            row_h += [0] * (len(kids) - len(row_h))
+            match = None
+            for rank, kid in enumerate(kids):
+                row_t[rank] += 1
+                if tokens[kid] == token and match is None:
+                    match = kid
+                    row_h[rank] += 1
+            if match is None:
+                return
+            node = match
+
+    def acceptance(self) -> RankAcceptance:
+        return RankAcceptance(
+            [[h / t if t else 0.0 for h, t in zip(hits, trials)] for hits, trials in zip(self.hits, self.trials)]
+        )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

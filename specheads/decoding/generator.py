@@ -1,0 +1,288 @@
+"""Speculative generation: draft -> verify -> accept -> commit, one screen.
+
+The target is a frozen stock transformers model. Each step verifies a whole draft tree in ONE target forward
+(``verify_tree``), keeps the accepted path in the KV cache (``commit_path``) and tells the drafter what the target
+saw (``Drafter.observe``). With no drafter every tree is the root alone: plain decoding through the same loop.
+
+Conventions: node 0 of every tree is the root, the last committed token, not yet in the target cache. "tau counts
+the bonus token": tau = committed tokens / target forwards (the prefill forward, which yields the first token,
+counts). p = target, q = draft.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads.decoding.accept import (
+    LOSSY_ACCEPTANCE,
+    AcceptResult,
+    accept_greedy,
+    accept_speculative,
+    accept_typical,
+)
+from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
+from specheads.decoding.kv_cache import commit_path
+from specheads.decoding.sampling import sample_from_probs
+from specheads.decoding.tree import ancestor_matrix
+from specheads.decoding.verify import select_rows, verify_tree
+
+ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
+
+Prompt = str | list[dict[str, str]] | torch.Tensor | list[int]
+"""A plain string (chat-templated when the tokenizer has a template), chat messages, or token ids (used as is)."""
+
+
+@dataclass
+class GenerationStats:
+    new_tokens: int = 0
+    target_forwards: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per verify step
+    depth_attempts: list[int] = field(default_factory=list)  # steps whose tree reached depth d+1
+    depth_accepts: list[int] = field(default_factory=list)  # ... and accepted a node at depth d+1
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    bookkeeping_s: float = 0.0  # prefill, accept, commit, drafter observe, stop checks
+    total_s: float = 0.0
+    acceptance: str = "greedy"
+    lossy: bool = False
+    stop_reason: str = ""
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target forward, counting the bonus token (plain decoding: 1.0)."""
+        return self.new_tokens / max(self.target_forwards, 1)
+
+    @property
+    def acceptance_rate_per_depth(self) -> list[float]:
+        return [a / max(n, 1) for a, n in zip(self.depth_accepts, self.depth_attempts)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.total_s, 1e-9)
+
+    def record_step(self, tree_depth: int, accepted: int) -> None:
+        grow = tree_depth - len(self.depth_attempts)
+        self.depth_attempts += [0] * max(grow, 0)
+        self.depth_accepts += [0] * max(grow, 0)
+        for d in range(tree_depth):
+            self.depth_attempts[d] += 1
+            self.depth_accepts[d] += int(accepted > d)
+        self.accepted_lengths.append(accepted)
+
+    def summary(self) -> str:
+        rates = " ".join(f"{r:.2f}" for r in self.acceptance_rate_per_depth) or "-"
+        return (
+            f"tokens {self.new_tokens} | target forwards {self.target_forwards} | tau {self.tau:.2f} | "
+            f"{self.tokens_per_s:.1f} tok/s | acceptance by depth [{rates}] | time draft {self.draft_s:.2f}s "
+            f"verify {self.verify_s:.2f}s bookkeeping {self.bookkeeping_s:.2f}s | acceptance {self.acceptance}"
+            f"{' (LOSSY)' if self.lossy else ''} | stop {self.stop_reason}"
+        )
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: GenerationStats
+
+
+@dataclass
+class RequestState:
+    """Everything one generate() call mutates; nothing is stored on the generator or on modules."""
+
+    cache: DynamicCache
+    prompt_len: int
+    output: list[int]  # committed new tokens, the current root last
+    root: int
+    drafter_state: Any
+    generator: torch.Generator | None
+    stats: GenerationStats
+    text: str = ""
+
+
+class SpeculativeGenerator:
+    """Generate with a frozen target and an optional drafter (Medusa, EAGLE, draft model, prompt lookup)."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        drafter: Drafter | None = None,
+        acceptance: str = "speculative",
+        posterior_threshold: float = 0.09,
+        posterior_alpha: float = 0.3,
+    ) -> None:
+        if acceptance not in ACCEPTANCE_RULES:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.acceptance = acceptance
+        self.typical_params = (posterior_threshold, posterior_alpha)
+        self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
+        self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        eos = target.generation_config.eos_token_id if target.generation_config is not None else None
+        eos = tokenizer.eos_token_id if eos is None else eos
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        stream: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        start = time.perf_counter()
+        sampling = Sampling(temperature, top_k, top_p)
+        rule = "greedy" if sampling.greedy else self.acceptance
+        input_ids = self.encode(prompt)  # (T,)
+        req = self.prefill(input_ids, sampling, seed, rule)
+        self.emit(req, [req.root], max_new_tokens, stop, stream)
+        while not req.stats.stop_reason:
+            # 1. draft: a tree rooted at the last committed token
+            t0 = time.perf_counter()
+            if self.drafter is None:
+                tree = root_only_tree(req.root, self.target.device)
+            else:
+                tree = self.drafter.propose(req.drafter_state)
+            if req.prompt_len + len(req.output) + tree.num_nodes > self.max_context > 0:
+                req.stats.stop_reason = "context_full"
+                break
+            # 2. verify: one target forward over every node
+            t1 = time.perf_counter()
+            structure = tree.structure
+            ancestors = structure.ancestors if structure is not None else ancestor_matrix(tree.parents)
+            prefix_len = req.cache.get_seq_length()
+            verification = verify_tree(self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors)
+            req.stats.target_forwards += 1
+            # 3. accept: the longest acceptable path plus the bonus/correction token
+            t2 = time.perf_counter()
+            result = self.accept(rule, tree, verification.logits, sampling, req.generator)
+            path = torch.tensor(result.path, device=tree.tokens.device)
+            tree_depth = int(ancestors.sum(dim=1).max()) - 1
+            req.stats.record_step(tree_depth, len(result.path) - 1)
+            # 4. commit: keep the path in the target cache, tell the drafter what the target saw
+            commit_path(req.cache, prefix_len, path)
+            fed_tokens = tree.tokens[path]
+            if self.drafter is not None:
+                hidden = select_rows(verification.hidden_states, path) if self.layer_ids else None
+                self.drafter.observe(req.drafter_state, fed_tokens, hidden, result.next_token)
+            req.root = result.next_token
+            # 5. emit the accepted tokens and the bonus token; stop at EOS / stop strings / max_new_tokens
+            self.emit(req, fed_tokens[1:].tolist() + [result.next_token], max_new_tokens, stop, stream)
+            req.stats.draft_s += t1 - t0
+            req.stats.verify_s += t2 - t1
+        req.stats.total_s = time.perf_counter() - start
+        req.stats.bookkeeping_s = req.stats.total_s - req.stats.draft_s - req.stats.verify_s
+        return GenerationResult(text=req.text, token_ids=list(req.output), stats=req.stats)
+
+    def prefill(self, input_ids: torch.Tensor, sampling: Sampling, seed: int | None, rule: str) -> RequestState:
+        """Feed the prompt, pick the first new token from its last logits and start the drafter."""
+        device = self.target.device
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed if seed is not None else torch.seed())
+        cache = DynamicCache(config=self.target.config)
+        out = self.target(
+            input_ids=input_ids.to(device).unsqueeze(0),
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=self.layer_ids or None,
+        )
+        logits = out.logits[0, -1]  # (V,)
+        if sampling.greedy:
+            root = int(torch.argmax(logits).item())
+        else:
+            root = sample_from_probs(sampling.probs(logits), generator)
+        stats = GenerationStats(target_forwards=1, acceptance=rule, lossy=rule in LOSSY_ACCEPTANCE)
+        drafter_state = None
+        if self.drafter is not None:
+            hidden = out.hidden_states if self.layer_ids else None
+            drafter_state = self.drafter.begin(input_ids.to(device), hidden, root, sampling, generator)
+        return RequestState(cache, input_ids.numel(), [], root, drafter_state, generator, stats)
+
+    def accept(
+        self, rule: str, tree: DraftTree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+    ) -> AcceptResult:
+        if rule == "greedy":
+            return accept_greedy(tree.tokens, tree.parents, logits)
+        if rule == "typical":
+            threshold, alpha = self.typical_params
+            return accept_typical(tree.tokens, tree.parents, logits, sampling.temperature, threshold, alpha, generator)
+        target_probs = sampling.probs(logits)  # (n, V), warped exactly like the draft's q
+        return accept_speculative(tree.tokens, tree.parents, target_probs, tree.draft_probs, generator)
+
+    def emit(
+        self,
+        req: RequestState,
+        tokens: list[int],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        stream: Callable[[str], None] | None,
+    ) -> None:
+        """Append new tokens one by one until a stop condition; stream the new text."""
+        for token in tokens:
+            req.output.append(token)
+            req.stats.new_tokens += 1
+            if token in self.eos_ids:
+                req.stats.stop_reason = "eos"
+            elif stop and any(s in self.tokenizer.decode(req.output[-64:]) for s in stop):
+                req.stats.stop_reason = "stop_string"
+            elif len(req.output) >= max_new_tokens:
+                req.stats.stop_reason = "max_new_tokens"
+            if req.stats.stop_reason:
+                break
+        text = self.tokenizer.decode(req.output, skip_special_tokens=True)
+        if req.stats.stop_reason == "stop_string":
+            text = _cut_after_stop(text, stop)
+        if stream is not None and text.startswith(req.text) and len(text) > len(req.text):
+            stream(text[len(req.text) :])
+        req.text = text
+
+    def encode(self, prompt: Prompt) -> torch.Tensor:
+        """Token ids (T,) of a prompt; errors for empty, batched or over-long prompts."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty; pass a non-empty string, chat messages or token ids")
+            if self.tokenizer.chat_template:
+                prompt = [{"role": "user", "content": prompt}]
+            else:
+                ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt")
+            ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
+        elif isinstance(prompt, (list, torch.Tensor)):
+            ids = torch.as_tensor(prompt, dtype=torch.long)
+        if ids.dim() == 2:
+            if ids.shape[0] != 1:
+                raise ValueError(
+                    f"batched prompts are not supported (got batch size {ids.shape[0]}); speculative generation runs "
+                    "one sequence at a time: call generate once per prompt"
+                )
+            ids = ids[0]
+        if ids.dim() != 1 or ids.numel() == 0:
+            raise ValueError(f"the prompt is empty or malformed (token ids of shape {tuple(ids.shape)}); pass text or ids")
+        if self.max_context and ids.numel() >= self.max_context:
+            raise ValueError(
+                f"the prompt has {ids.numel()} tokens but the target's context is {self.max_context} tokens "
+                "(max_position_embeddings); shorten the prompt to leave room for new tokens"
+            )
+        return ids
+
+
+def _cut_after_stop(text: str, stop: Sequence[str]) -> str:
+    """Text up to and including the earliest stop string (as transformers' ``stop_strings`` keeps it)."""
+    ends = [text.find(s) + len(s) for s in stop if s in text]
+    return text[: min(ends)] if ends else text

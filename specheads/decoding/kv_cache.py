@@ -1,0 +1,40 @@
+"""Keep exactly the accepted path in a KV cache, without an extra forward.
+
+After verification the cache holds ``prefix + n`` entries: the committed prefix, then every tree node in node
+order. The accepted path is a subset of the nodes; transformers has no API to keep a non-contiguous subset along
+the sequence axis, so we copy the path's entries into the contiguous slots right after the prefix and drop the
+tail (``cache.layers[i].keys/.values`` are plain tensors ``(B, kv_heads, seq, head_dim)``; see shared NOTES:
+~2 ms, equal to a sequential run, where re-feeding the path would cost a whole forward).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[int]) -> None:
+    """Move the entries of tree nodes ``path`` (node indices, root first) to slots ``prefix_len ...`` and crop."""
+    path = torch.as_tensor(path, dtype=torch.long)
+    keep = prefix_len + path.numel()
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        if layer.keys.shape[-2] < prefix_len + int(path.max()) + 1:
+            raise ValueError(
+                f"cache layer holds {layer.keys.shape[-2]} entries but the path needs node {int(path.max())} after "
+                f"a prefix of {prefix_len}; verify the tree before committing it"
+            )
+        src = (prefix_len + path).to(layer.keys.device)
+        layer.keys[:, :, prefix_len:keep] = layer.keys[:, :, src]  # advanced indexing copies before writing
+        layer.values[:, :, prefix_len:keep] = layer.values[:, :, src]
+    crop_to(cache, keep)
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Drop every entry past ``length`` (``DynamicCache.crop`` takes a negative count to remove)."""
+    extra = cache.get_seq_length() - length
+    if extra < 0:
+        raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} entries to a longer length {length}")
+    if extra:
+        cache.crop(-extra)

@@ -1,0 +1,85 @@
+"""Classic speculative decoding with a small draft LM (Leviathan et al. 2023, https://arxiv.org/abs/2211.17192;
+Chen et al. 2023, https://arxiv.org/abs/2302.01318): the draft model extends the root with a chain of
+``draft_length`` tokens on its own KV cache, one token per small forward.
+
+Adaptive length (as transformers' assisted generation heuristic): grow by one when the whole chain was accepted,
+shrink by one when it was rejected early, within ``[min_length, max_length]``.
+
+The draft cache mirrors the target's: it holds the committed tokens (root excluded). After a step the chain rows
+that were accepted are already there in order, so committing is a crop; committed tokens the draft model never
+fed (the last drafted token, when everything was accepted) wait in ``pending`` and go in with the next root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from specheads.decoding.draft import DraftTree, Sampling, draw_children
+from specheads.decoding.kv_cache import crop_to
+from specheads.decoding.tree import chain_parents
+
+
+@dataclass
+class DraftModelState:
+    cache: DynamicCache
+    pending: list[int]  # committed tokens not yet fed to the draft model, oldest first
+    root: int
+    draft_length: int
+    sampling: Sampling
+    generator: torch.Generator | None
+    committed: int = 0  # rows of the draft cache that hold committed tokens
+    last_chain: list[int] = field(default_factory=list)  # drafted tokens of the last proposal (root excluded)
+
+
+class DraftModelDrafter:
+    """Wraps a ``DraftModel`` head (``head.model`` is a stock causal LM sharing the target tokenizer)."""
+
+    layer_ids: list[int] = []
+
+    def __init__(self, head, draft_length: int = 4, min_length: int = 1, max_length: int = 8) -> None:
+        if not 1 <= min_length <= draft_length <= max_length:
+            raise ValueError(f"need 1 <= min_length <= draft_length <= max_length, got {min_length, draft_length, max_length}")
+        self.model = head.model
+        self.draft_length, self.min_length, self.max_length = draft_length, min_length, max_length
+        self.layer_ids = []
+
+    def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> DraftModelState:
+        cache = DynamicCache(config=self.model.config)
+        return DraftModelState(cache, prompt_ids.view(-1).tolist(), root, self.draft_length, sampling, generator)
+
+    def propose(self, state: DraftModelState) -> DraftTree:
+        device = self.model.device
+        feed = torch.tensor(state.pending + [state.root], device=device).unsqueeze(0)  # (1, m)
+        chain, q_rows = [state.root], []
+        for _ in range(state.draft_length):
+            logits = self.model(input_ids=feed, cache=state.cache, use_cache=True).logits[0, -1]  # (V,)
+            q = state.sampling.probs(logits)
+            token, _ = draw_children(q, 1, state.sampling.greedy, state.generator)
+            q_rows.append(q)
+            feed = token.view(1, 1)
+            chain.append(token)
+        state.committed += len(state.pending)
+        state.pending = []
+        tokens = torch.cat([torch.tensor(chain[:1], device=device), torch.cat(chain[1:])])
+        state.last_chain = tokens[1:].tolist()
+        draft_probs = None
+        if not state.sampling.greedy:
+            draft_probs = torch.cat([torch.stack(q_rows), torch.zeros_like(q_rows[0]).unsqueeze(0)])  # (n, V)
+        return DraftTree(tokens=tokens, parents=chain_parents(tokens.numel()).to(device), draft_probs=draft_probs)
+
+    def observe(self, state: DraftModelState, fed_tokens, hidden_states, root: int) -> None:
+        fed = fed_tokens.view(-1).tolist()  # old root + accepted chain tokens
+        accepted = len(fed) - 1
+        # The cache holds the old root and the first draft_length - 1 chain tokens beyond the committed rows.
+        in_cache = min(len(fed), state.draft_length)
+        crop_to(state.cache, state.committed + in_cache)
+        state.committed += in_cache
+        state.pending = fed[in_cache:]
+        state.root = root
+        if accepted == state.draft_length:
+            state.draft_length = min(state.draft_length + 1, self.max_length)
+        elif accepted < state.draft_length // 2:
+            state.draft_length = max(state.draft_length - 1, self.min_length)

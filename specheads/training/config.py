@@ -1,0 +1,200 @@
+"""The training configuration: dataclasses are the schema and the only source of defaults.
+
+A run is described by one YAML file (``configs/<head>/<target>.yaml``) merged onto ``TrainConfig`` and then by dotted
+CLI overrides (``train.max_steps=200``). OmegaConf structured configs make unknown keys and wrongly typed values
+errors; ``ConfigError`` re-words them to list the valid keys. Head architecture options are not repeated here: they
+are the fields of the head's own config dataclass (``MedusaConfig``, ``EagleConfig``), given under ``head.options``
+and checked strictly against it, so each default lives in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from specheads.training.data import DataConfig
+
+FEATURE_MODES = ("online", "offline")
+MEDUSA_LABELS = ("hard", "soft")
+SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
+MIXED_PRECISION = ("no", "bf16", "fp16")
+TRACKERS = ("none", "wandb", "tensorboard")
+
+
+class ConfigError(ValueError):
+    """The training config is invalid; the message names the key, what is valid, and how to fix it."""
+
+
+@dataclass
+class TargetSection:
+    """The frozen target: a built-in name (``smollm2-135m-instruct``), a local directory, a .gguf file or a Hub id."""
+
+    name: str = "smollm2-135m-instruct"
+    dtype: str = "float32"
+
+
+@dataclass
+class HeadSection:
+    """Which head to train (a key of ``specheads.heads.HEADS``) and its config fields (checked against its class)."""
+
+    type: str = "medusa"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FeatureSection:
+    """Online: the target runs inside each step. Offline: read the ``train/`` and ``eval/`` caches that
+    ``specheads data cache-features --out-dir CACHE_DIR`` wrote (the target is still loaded: heads borrow its
+    embedding and lm_head, but it never runs)."""
+
+    mode: str = "online"
+    cache_dir: str | None = None
+
+
+@dataclass
+class LossSection:
+    """Loss weights and options for every head type (each objective reads the fields it needs)."""
+
+    medusa_labels: str = "hard"  # hard: data tokens; soft: the target's distribution
+    decay: float = 0.8  # weight of head k / TTT step i is decay**k (Medusa) or decay**i (EAGLE-3)
+    ttt_steps: int = 7  # EAGLE-3 training-time-test unroll length
+    feature_weight: float = 1.0  # EAGLE-1 SmoothL1 feature regression
+    token_weight: float = 0.1  # EAGLE-1 cross-entropy against the target distribution
+    input_noise: float = 0.0  # EAGLE-1: uniform noise U(-a, a) added to input features
+
+
+@dataclass
+class LoraSection:
+    """Medusa-2: LoRA adapters on the target trained jointly with the heads (https://arxiv.org/abs/2401.10774)."""
+
+    enabled: bool = False
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+    distill_weight: float = 1.0  # weight of KL(original target || adapted target)
+
+
+@dataclass
+class TrainSection:
+    """Optimisation, evaluation, checkpointing and tracking. Batch sizes are per process."""
+
+    output_dir: str = "runs/head"
+    seed: int = 0
+    max_steps: int = 1000
+    batch_size: int = 8
+    eval_batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    scheduler: str = "cosine"
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "no"
+    eval_every: int = 100
+    eval_batches: int | None = None  # None = the whole held-out split
+    save_every: int = 0  # 0 = no intermediate checkpoints
+    keep_last: int = 2
+    resume: str = "no"  # no | auto (latest checkpoint in output_dir) | a checkpoint directory
+    stop_after: int | None = None  # stop after this many steps (as if killed) without the final save
+    log_every: int = 10
+    log_with: str = "none"
+    project: str = "specheads"
+    run_name: str | None = None
+    progress_bar: bool = True
+
+
+@dataclass
+class TrainConfig:
+    target: TargetSection = field(default_factory=TargetSection)
+    head: HeadSection = field(default_factory=HeadSection)
+    data: DataConfig = field(default_factory=DataConfig)
+    features: FeatureSection = field(default_factory=FeatureSection)
+    loss: LossSection = field(default_factory=LossSection)
+    lora: LoraSection = field(default_factory=LoraSection)
+    train: TrainSection = field(default_factory=TrainSection)
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Defaults <- YAML file <- dotted overrides (``key.sub=value``), validated strictly; interpolations resolved.
+
+    Data paths may use ``${oc.env:SPECHEADS_DATA,../shared/data}`` so configs do not hard-code a machine's layout.
+    """
+    schema = OmegaConf.structured(TrainConfig)
+    layers = [schema]
+    try:
+        if path is not None:
+            if not Path(path).is_file():
+                raise ConfigError(f"config file not found: {path}")
+            layers.append(OmegaConf.load(path))
+        layers.append(OmegaConf.from_dotlist(list(overrides or [])))
+        cfg = OmegaConf.to_object(OmegaConf.merge(*layers))
+    except ConfigKeyError as err:
+        raise ConfigError(_unknown_key_message(err, path)) from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{path or 'config'}: {err}") from None
+    validate(cfg)
+    return cfg
+
+
+def _unknown_key_message(err: ConfigKeyError, path: Any) -> str:
+    full_key = str(getattr(err, "full_key", "") or "")
+    parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+    node: Any = TrainConfig
+    for part in filter(None, parent.split(".")):
+        node = {f.name: f for f in dataclasses.fields(node)}[part].default_factory
+    valid = sorted(f.name for f in dataclasses.fields(node))
+    where = f"section '{parent}'" if parent else "the top level"
+    return f"{path or 'config'}: unknown key '{full_key}'; valid keys in {where} are {valid}."
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not valid; expected one of {list(choices)}.")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Value checks the type system cannot express; also builds the head config once to check ``head.options``."""
+    from specheads.heads import HEADS
+
+    _check_choice("head.type", cfg.head.type, tuple(HEADS))
+    _check_choice("features.mode", cfg.features.mode, FEATURE_MODES)
+    _check_choice("loss.medusa_labels", cfg.loss.medusa_labels, MEDUSA_LABELS)
+    _check_choice("train.scheduler", cfg.train.scheduler, SCHEDULERS)
+    _check_choice("train.mixed_precision", cfg.train.mixed_precision, MIXED_PRECISION)
+    _check_choice("train.log_with", cfg.train.log_with, TRACKERS)
+    try:
+        HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"head.options: {err}") from None
+    if cfg.features.mode == "offline" and not cfg.features.cache_dir:
+        raise ConfigError(
+            "features.mode=offline needs features.cache_dir (written by `specheads data cache-features`)."
+        )
+    if cfg.lora.enabled and cfg.head.type != "medusa":
+        raise ConfigError(f"lora.enabled is Medusa-2 (head.type=medusa); found head.type={cfg.head.type!r}.")
+    if cfg.lora.enabled and cfg.features.mode == "offline":
+        raise ConfigError(
+            "lora.enabled trains the target's adapters, which needs online features (features.mode=online)."
+        )
+    for name in ("max_steps", "batch_size", "eval_batch_size", "grad_accum", "keep_last", "log_every"):
+        if getattr(cfg.train, name) < 1:
+            raise ConfigError(f"train.{name} must be >= 1, found {getattr(cfg.train, name)}.")
+    if cfg.loss.ttt_steps < 1:
+        raise ConfigError(f"loss.ttt_steps must be >= 1, found {cfg.loss.ttt_steps}.")
+
+
+def to_container(cfg: TrainConfig) -> dict[str, Any]:
+    """The resolved config as plain dicts (for trackers, the model card and ``train_config.yaml``)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)

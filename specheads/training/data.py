@@ -1,0 +1,234 @@
+"""Chat datasets for training draft heads: read common JSON shapes, render with the target's chat template, mask.
+
+Draft heads learn to predict what the *target* says, so the loss covers assistant tokens only: the assistant's
+text and the end-of-turn token that closes it (the target must learn when to stop), never the template's role
+header (``<|im_start|>assistant\\n``), the system prompt or the user's turns.
+
+The mask is found on characters, not tokens: each assistant turn's character span is read off incremental renders
+of the template (``messages[:i]`` + generation prompt, then ``messages[:i+1]``), and the full render is tokenized
+once with an offset mapping, so token-merging across a span boundary cannot shift the mask.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("auto", "sharegpt", "messages", "prompt_response")
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+ACCEPTED_SHAPES = (
+    "ShareGPT {'conversations': [{'from': 'human'|'gpt'|'system', 'value': ...}]}, "
+    "OpenAI messages {'messages': [{'role': ..., 'content': ...}]}, "
+    "or prompt/response pairs {'prompt': ..., 'response': ...}"
+)
+
+
+@dataclass
+class DataConfig:
+    """Where the training conversations come from and how they are cut. Plain types only (an OmegaConf schema).
+
+    ``eval_size`` (a number of samples) wins over ``eval_fraction`` when set; both are held out with ``seed``.
+    """
+
+    paths: list[str] = field(default_factory=list)
+    format: str = "auto"
+    max_length: int = 1024
+    eval_fraction: float = 0.05
+    eval_size: int | None = None
+    seed: int = 0
+    max_samples: int | None = None
+    num_proc: int | None = None
+
+
+class DataError(ValueError):
+    """The data cannot be turned into training samples; the message says what was found and how to fix it."""
+
+
+def detect_format(record: dict[str, Any], source: str) -> str:
+    """Name the shape of one record (``sharegpt``, ``messages`` or ``prompt_response``) or fail naming its keys."""
+    if "conversations" in record:
+        return "sharegpt"
+    if "messages" in record:
+        return "messages"
+    if "prompt" in record and "response" in record:
+        return "prompt_response"
+    raise DataError(f"{source}: unknown record shape with keys {sorted(record)}; expected {ACCEPTED_SHAPES}.")
+
+
+def to_messages(record: dict[str, Any], fmt: str) -> list[dict[str, str]]:
+    """Normalise one record of a known shape to OpenAI messages ``[{role, content}]``."""
+    if fmt == "messages":
+        return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+    if fmt == "prompt_response":
+        return [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["response"]}]
+    if fmt == "sharegpt":
+        messages = []
+        for turn in record["conversations"]:
+            if turn["from"] not in SHAREGPT_ROLES:
+                raise DataError(f"ShareGPT turn has from={turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}.")
+            messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]})
+        return messages
+    raise DataError(f"format={fmt!r} is not one of {FORMATS}.")
+
+
+def _checked_messages(record: dict[str, Any], fmt: str, source: str) -> list[dict[str, str]]:
+    try:
+        return to_messages(record, fmt)
+    except (KeyError, TypeError) as err:
+        present = sorted(k for k, v in record.items() if v is not None)
+        raise DataError(
+            f"{source}: a record does not have the {fmt} shape of the file's first record (missing {err}; "
+            f"fields present: {present}); expected {ACCEPTED_SHAPES}."
+        ) from err
+
+
+def load_conversations(cfg: DataConfig) -> datasets.Dataset:
+    """Read every file in ``cfg.paths`` (JSON or JSONL) into one dataset with a single ``messages`` column."""
+    if cfg.format not in FORMATS:
+        raise DataError(f"data format={cfg.format!r} is not one of {FORMATS}.")
+    if not cfg.paths:
+        raise DataError("no data files given: set data.paths to one or more JSON/JSONL files.")
+    parts = []
+    for path in cfg.paths:
+        if not Path(path).is_file():
+            raise DataError(f"data file not found: {path}")
+        raw = datasets.load_dataset("json", data_files=str(path), split="train")
+        if len(raw) == 0:
+            raise DataError(f"{path} holds no records.")
+        fmt = detect_format(raw[0], path) if cfg.format == "auto" else cfg.format
+        parts.append(
+            raw.map(
+                lambda record, fmt=fmt, path=path: {"messages": _checked_messages(record, fmt, path)},
+                remove_columns=raw.column_names,
+                num_proc=cfg.num_proc,
+                desc=f"reading {Path(path).name} ({fmt})",
+            )
+        )
+    conversations = datasets.concatenate_datasets(parts)
+    if cfg.max_samples is not None:
+        conversations = conversations.select(range(min(cfg.max_samples, len(conversations))))
+    return conversations
+
+
+def _end_of_turn_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    special = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    return sorted(special | set(tokenizer.all_special_tokens), key=len, reverse=True)
+
+
+def assistant_char_spans(
+    messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase
+) -> tuple[str, list[tuple[int, int]]]:
+    """Render a conversation; return the text and the ``[start, end)`` character span of each assistant turn.
+
+    A span starts after the assistant header (the generation prompt) and ends after the first special token that
+    follows, i.e. the end-of-turn token (``<|im_end|>``). Templates that rewrite earlier turns when later ones are
+    added (the prefix renders do not agree with the full render) are rejected: their mask would be wrong.
+    """
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    end_tokens = _end_of_turn_tokens(tokenizer)
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        through_turn = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (through_turn.startswith(prompt) and text.startswith(through_turn)):
+            raise DataError(
+                "the chat template does not render conversations incrementally (the render of the first turns is "
+                "not a prefix of the full render), so assistant tokens cannot be located; use a template that "
+                "renders earlier turns unchanged."
+            )
+        turn = through_turn[len(prompt) :]
+        hits = [(turn.find(tok), tok) for tok in end_tokens if tok in turn]
+        end = len(through_turn) if not hits else len(prompt) + min(hits)[0] + len(min(hits)[1])
+        spans.append((len(prompt), end))
+    return text, spans
+
+
+def tokenize_conversation(
+    messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> dict[str, Any]:
+    """Token ids and the assistant-only loss mask of one conversation, truncated to ``max_length`` tokens."""
+    text, spans = assistant_char_spans(messages, tokenizer)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids = encoded["input_ids"]
+    loss_mask = [int(any(s < end and e > start for start, end in spans)) for s, e in encoded["offset_mapping"]]
+    truncated = len(input_ids) > max_length
+    return {
+        "input_ids": input_ids[:max_length],
+        "loss_mask": loss_mask[:max_length],
+        "truncated": truncated,
+        "num_loss_tokens": sum(loss_mask[:max_length]),
+    }
+
+
+def tokenize_dataset(conversations: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig):
+    """Tokenize and mask every conversation; drop those left without an assistant token, log what was cut."""
+    if not tokenizer.is_fast:
+        raise DataError(f"{type(tokenizer).__name__} is not a fast tokenizer; the loss mask needs offset mappings.")
+    tokenized = conversations.map(
+        lambda record: tokenize_conversation(record["messages"], tokenizer, cfg.max_length),
+        remove_columns=conversations.column_names,
+        num_proc=cfg.num_proc,
+        desc="tokenizing",
+    )
+    total = len(tokenized)
+    truncated = int(np.sum(tokenized["truncated"]))
+    empty = np.asarray(tokenized["num_loss_tokens"]) == 0
+    kept = tokenized.select(np.flatnonzero(~empty)).remove_columns(["truncated", "num_loss_tokens"])
+    logger.info(
+        "%d samples: %d truncated to max_length=%d, %d dropped (no assistant token within max_length)",
+        total,
+        truncated,
+        cfg.max_length,
+        int(empty.sum()),
+    )
+    if len(kept) == 0:
+        raise DataError(
+            f"all {total} samples were dropped: {int(empty.sum())} had no assistant tokens within "
+            f"max_length={cfg.max_length} ({truncated} were truncated). Raise max_length or check that the data "
+            "holds assistant turns."
+        )
+    return kept
+
+
+def split_train_eval(dataset: datasets.Dataset, cfg: DataConfig) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Hold out a seeded random subset for evaluation; both parts keep the file order."""
+    n = len(dataset)
+    if cfg.eval_size is not None:
+        n_eval = cfg.eval_size
+    else:
+        n_eval = min(n - 1, max(1, math.ceil(n * cfg.eval_fraction))) if cfg.eval_fraction > 0 and n > 1 else 0
+    if not 0 <= n_eval < n:
+        raise DataError(f"eval split of {n_eval} samples leaves nothing to train on ({n} samples after filtering).")
+    order = np.random.default_rng(cfg.seed).permutation(n)
+    return dataset.select(np.sort(order[n_eval:])), dataset.select(np.sort(order[:n_eval]))
+
+
+def build_datasets(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Train and eval datasets with columns ``input_ids`` and ``loss_mask`` (lists of ints), deterministic."""
+    return split_train_eval(tokenize_dataset(load_conversations(cfg), tokenizer, cfg), cfg)
+
+
+def collate(batch: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad a list of samples into ``input_ids``, ``attention_mask``, ``loss_mask``, all ``(B, T)`` long."""
+    width = max(len(sample["input_ids"]) for sample in batch)
+    input_ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, sample in enumerate(batch):
+        length = len(sample["input_ids"])
+        input_ids[row, :length] = torch.as_tensor(sample["input_ids"], dtype=torch.long)
+        attention_mask[row, :length] = 1
+        loss_mask[row, :length] = torch.as_tensor(sample["loss_mask"], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}

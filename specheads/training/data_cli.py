@@ -1,0 +1,109 @@
+"""``specheads data ...``: make training data (self-distillation) and offline feature caches from a frozen target."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import torch
+
+from specheads.training.data import FORMATS, DataConfig, build_datasets
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specheads data", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="the target answers a prompt file (JSONL with id + prompt/messages)")
+    gen.add_argument("--target", default="smollm2-135m-instruct", help="built-in name, model dir or .gguf file")
+    gen.add_argument("--prompts", required=True, help="JSONL file with 'id' and 'prompt' or 'messages'")
+    gen.add_argument("--out", required=True, help="output JSONL (messages format); an existing file is resumed")
+    gen.add_argument("--limit", type=int, default=None, help="use only the first N prompts of the file")
+    gen.add_argument("--batch-size", type=int, default=8)
+    gen.add_argument("--max-new-tokens", type=int, default=512)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--device", default="cpu")
+
+    cache = commands.add_parser("cache-features", help="write the target's features to safetensors shards")
+    cache.add_argument("--target", default="smollm2-135m-instruct", help="built-in name, model dir or .gguf file")
+    cache.add_argument("--data", nargs="+", required=True, help="JSON/JSONL chat files (see DataConfig)")
+    cache.add_argument("--format", default="auto", choices=FORMATS)
+    cache.add_argument("--max-length", type=int, default=1024)
+    cache.add_argument("--max-samples", type=int, default=None)
+    cache.add_argument("--eval-fraction", type=float, default=0.05)
+    cache.add_argument("--eval-size", type=int, default=None)
+    cache.add_argument("--seed", type=int, default=0)
+    cache.add_argument("--out-dir", required=True, help="writes OUT_DIR/train and OUT_DIR/eval (may be empty)")
+    cache.add_argument(
+        "--layer-ids", type=int, nargs="+", default=None, help="HF hidden-state indices (default: 2, N//2, N-3, N)"
+    )
+    cache.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    cache.add_argument("--topk", type=int, default=None, help="keep the top-k target probs instead of full logits")
+    cache.add_argument("--no-logits", action="store_true", help="store hidden states only (no target distribution)")
+    cache.add_argument("--shard-size", type=int, default=512, help="samples per shard")
+    cache.add_argument("--batch-size", type=int, default=8)
+    cache.add_argument("--device", default="cpu")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from specheads.target import load_target
+    from specheads.training.distill import GenerationSettings, generate_dataset
+
+    model, tokenizer = load_target(args.target, device=args.device)
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+    written = generate_dataset(model, tokenizer, args.prompts, args.out, settings, limit=args.limit)
+    print(f"wrote {written} new conversations to {args.out}")
+    return 0
+
+
+def _cache_features(args: argparse.Namespace) -> int:
+    from specheads.target import load_target
+    from specheads.training.features import cache_features
+
+    model, tokenizer = load_target(args.target, device=args.device)
+    cfg = DataConfig(
+        paths=list(args.data),
+        format=args.format,
+        max_length=args.max_length,
+        eval_fraction=args.eval_fraction,
+        eval_size=args.eval_size,
+        seed=args.seed,
+        max_samples=args.max_samples,
+    )
+    layers = model.config.num_hidden_layers
+    layer_ids = args.layer_ids or [2, layers // 2, layers - 3, layers]
+    for split, dataset in zip(("train", "eval"), build_datasets(cfg, tokenizer)):
+        bytes_per_token = cache_features(
+            model,
+            dataset,
+            layer_ids,
+            Path(args.out_dir) / split,
+            dtype=DTYPES[args.dtype],
+            topk=args.topk,
+            with_logits=not args.no_logits,
+            shard_size=args.shard_size,
+            batch_size=args.batch_size,
+        )
+        print(f"{split}: {len(dataset)} samples, {bytes_per_token:.1f} bytes/token -> {Path(args.out_dir) / split}")
+    return 0
+
+
+def data_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``specheads data``; returns the process exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "generate":
+        return _generate(args)
+    return _cache_features(args)

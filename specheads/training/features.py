@@ -1,0 +1,297 @@
+"""What a draft head learns from: the frozen target's hidden states and next-token distribution.
+
+Online mode runs the target inside each training step under ``no_grad`` (``extract_features``). Offline mode runs
+it once over the dataset and writes the same tensors to safetensors shards (``cache_features``), so training can
+read them back (``CachedFeatureDataset`` + ``collate_features``) without loading the target: both modes hand the
+loss the same ``TargetFeatures``.
+
+Hidden states are keyed by HF index (0 = embeddings, i = input of layer i, N = after the final norm; see
+docs/design.md). The target's distribution is kept whole (logits) or as its top-k probabilities: with k = 32 a
+token costs ~200 bytes instead of 2 x vocab_size (~98 KB for a 49k vocabulary in fp16).
+
+Cache layout (``out_dir``): ``meta.json`` and ``shard-00000.safetensors``, ... Samples are packed without padding:
+``offsets (n+1,)`` delimits sample j as tokens ``offsets[j]:offsets[j+1]`` of ``input_ids (N,)``, ``loss_mask (N,)``,
+``hidden_states.{i} (N, H)`` and either ``logits (N, V)`` or ``topk_values``/``topk_indices (N, k)``. The attention
+mask of a packed sample is all ones, so it is rebuilt by the collate rather than stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.utils.data import Dataset
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel
+
+from specheads.heads.config import TargetRecord
+from specheads.training.data import collate
+
+logger = logging.getLogger(__name__)
+
+CACHE_FORMAT_VERSION = 1
+CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class TargetFeatures:
+    """The frozen target's outputs for one batch, identical in online and offline mode.
+
+    ``hidden_states``: HF index -> (B, T, H). ``logits`` (B, T, V) or None. ``topk_values`` (B, T, k): the target's
+    probabilities (softmax over the full vocabulary, so a row sums to <= 1) of its top-k tokens ``topk_indices``.
+    Position t predicts token t+1. Values at padded positions are meaningless (masked by ``attention_mask``).
+    """
+
+    hidden_states: dict[int, torch.Tensor]
+    logits: torch.Tensor | None = None
+    topk_values: torch.Tensor | None = None
+    topk_indices: torch.Tensor | None = None
+
+
+@torch.no_grad()
+def extract_features(
+    target: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    layer_ids: list[int],
+    with_logits: bool = True,
+    topk: int | None = None,
+    dtype: torch.dtype | None = None,
+) -> TargetFeatures:
+    """One frozen-target forward returning only the hidden states in ``layer_ids`` (and logits / top-k probs).
+
+    input_ids, attention_mask (B, T), right-padded. ``dtype`` casts every floating feature (None keeps the
+    target's); top-k probabilities are computed in fp32 before the cast.
+    """
+    num_layers = target.config.get_text_config().num_hidden_layers
+    if not layer_ids or not all(0 <= i <= num_layers for i in layer_ids):
+        raise ValueError(f"layer_ids={layer_ids} must be HF hidden-state indices in 0..{num_layers} (N = final norm).")
+    needs_logits = with_logits or topk is not None
+    out = target(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=list(layer_ids),
+        logits_to_keep=0 if needs_logits else 1,  # 0 keeps every position; 1 skips the (B, T, V) lm_head cost
+        use_cache=False,
+    )
+    cast = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
+    features = TargetFeatures(hidden_states={i: cast(out.hidden_states[i]) for i in layer_ids})
+    if with_logits:
+        features.logits = cast(out.logits)  # (B, T, V)
+    if topk is not None:
+        values, indices = torch.softmax(out.logits.float(), dim=-1).topk(topk, dim=-1)  # (B, T, k)
+        features.topk_values, features.topk_indices = cast(values), indices
+    return features
+
+
+def topk_to_dense(values: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Top-k target probabilities (B, T, k) -> dense (B, T, V): zero outside the top-k, renormalised to sum to 1.
+
+    This is the target's distribution *restricted to its top-k* (the mass outside is dropped, not spread), the
+    usual soft label when only the top-k were cached. Rows with no mass (padding) stay zero.
+    """
+    dense = torch.zeros(*values.shape[:-1], vocab_size, dtype=torch.float32, device=values.device)
+    dense.scatter_(-1, indices.long(), values.float())
+    return dense / dense.sum(-1, keepdim=True).clamp_min(1e-12)
+
+
+def _shard_path(out_dir: Path, shard: int) -> Path:
+    return out_dir / f"shard-{shard:05d}.safetensors"
+
+
+def _dataset_digest(dataset: Any) -> str:
+    """A content hash of the token ids, so resuming into a cache made from other data is an error."""
+    digest = hashlib.sha1()
+    for sample in dataset:
+        digest.update(json.dumps(sample["input_ids"]).encode())
+    return digest.hexdigest()
+
+
+def _shard_tensors(
+    target: PreTrainedModel,
+    samples: list[dict[str, Any]],
+    layer_ids: list[int],
+    dtype: torch.dtype,
+    topk: int | None,
+    with_logits: bool,
+    batch_size: int,
+) -> dict[str, torch.Tensor]:
+    """Run the target over one shard's samples and pack the valid (unpadded) positions."""
+    lengths = [len(s["input_ids"]) for s in samples]
+    parts: dict[str, list[torch.Tensor]] = {}
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start : start + batch_size]
+        batch = collate(chunk, pad_token_id=0)
+        features = extract_features(
+            target,
+            batch["input_ids"].to(target.device),
+            batch["attention_mask"].to(target.device),
+            layer_ids,
+            with_logits=with_logits and topk is None,
+            topk=topk,
+            dtype=dtype,
+        )
+        valid = batch["attention_mask"].bool()  # (B, T)
+        tensors = {"input_ids": batch["input_ids"].int(), "loss_mask": batch["loss_mask"].to(torch.uint8)}
+        tensors |= {f"hidden_states.{i}": h.cpu() for i, h in features.hidden_states.items()}
+        if features.logits is not None:
+            tensors["logits"] = features.logits.cpu()
+        if features.topk_values is not None:
+            tensors["topk_values"] = features.topk_values.cpu()
+            tensors["topk_indices"] = features.topk_indices.int().cpu()
+        for name, tensor in tensors.items():
+            parts.setdefault(name, []).append(tensor[valid])  # (N_chunk, ...) packed
+    packed = {name: torch.cat(chunks).contiguous() for name, chunks in parts.items()}
+    packed["offsets"] = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
+    return packed
+
+
+def cache_features(
+    target: PreTrainedModel,
+    dataset: Any,
+    layer_ids: list[int],
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    topk: int | None = None,
+    with_logits: bool = True,
+    shard_size: int = 512,
+    batch_size: int = 8,
+) -> float:
+    """Write the target's features for every sample of ``dataset`` (``input_ids``, ``loss_mask``); return bytes/token.
+
+    Resumable: shards already on disk are kept (each is written to a temporary name and renamed, so a shard that
+    exists is complete); ``meta.json`` pins the settings and data, and a rerun with different ones is an error.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype_name = next((name for name, d in CACHE_DTYPES.items() if d == dtype), None)
+    if dtype_name is None:
+        raise ValueError(f"cache dtype {dtype} is not one of {list(CACHE_DTYPES)}.")
+    settings = {
+        "format_version": CACHE_FORMAT_VERSION,
+        "layer_ids": list(layer_ids),
+        "dtype": dtype_name,
+        "topk": topk,
+        "with_logits": with_logits and topk is None,
+        "shard_size": shard_size,
+        "num_samples": len(dataset),
+        "data_sha1": _dataset_digest(dataset),
+        "target": asdict(TargetRecord.from_model(target)),
+    }
+    meta_path = out_dir / "meta.json"
+    if meta_path.exists():
+        previous = json.loads(meta_path.read_text())
+        changed = sorted(k for k in settings if previous.get(k) != settings[k])
+        if changed:
+            raise ValueError(
+                f"{out_dir} holds a cache made with other settings or data ({', '.join(changed)} differ); "
+                "pass a new out_dir or delete this one."
+            )
+    _write_json(meta_path, {**settings, "complete": False})
+    num_shards = -(-len(dataset) // shard_size)
+    for shard in tqdm(range(num_shards), desc="caching features"):
+        path = _shard_path(out_dir, shard)
+        if path.exists():
+            continue
+        samples = [dataset[j] for j in range(shard * shard_size, min((shard + 1) * shard_size, len(dataset)))]
+        tensors = _shard_tensors(target, samples, layer_ids, dtype, topk, settings["with_logits"], batch_size)
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp), metadata={"format_version": str(CACHE_FORMAT_VERSION)})
+        os.replace(tmp, path)
+    num_tokens = 0
+    for shard in range(num_shards):
+        with safe_open(_shard_path(out_dir, shard), framework="pt") as f:
+            num_tokens += int(f.get_slice("offsets")[-1:].item())
+    num_bytes = sum(_shard_path(out_dir, s).stat().st_size for s in range(num_shards))
+    bytes_per_token = num_bytes / max(num_tokens, 1)
+    _write_json(
+        meta_path,
+        {
+            **settings,
+            "complete": True,
+            "num_shards": num_shards,
+            "num_tokens": num_tokens,
+            "num_bytes": num_bytes,
+            "bytes_per_token": bytes_per_token,
+        },
+    )
+    logger.info("cached %d tokens, %d shards: %.1f bytes/token (%s)", num_tokens, num_shards, bytes_per_token, out_dir)
+    return bytes_per_token
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class CachedFeatureDataset(Dataset):
+    """Samples of an offline feature cache: ``input_ids``/``loss_mask`` (T,) long and the feature tensors (T, ...).
+
+    Batch with ``collate_features(samples, dataset.pad_token_id)`` to get what online mode gives:
+    ``(collate(...) dict, TargetFeatures)``. Needs no target model.
+    """
+
+    def __init__(self, out_dir: str | Path, pad_token_id: int = 0) -> None:
+        self.out_dir = Path(out_dir)
+        meta_path = self.out_dir / "meta.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{meta_path} not found: write the cache with `specheads data cache-features`.")
+        self.meta = json.loads(meta_path.read_text())
+        if not self.meta.get("complete"):
+            raise ValueError(f"feature cache {self.out_dir} is incomplete: rerun cache-features to finish it.")
+        self.pad_token_id = pad_token_id
+        self.layer_ids: list[int] = self.meta["layer_ids"]
+        self.target = TargetRecord(**self.meta["target"])
+        self.shard_size: int = self.meta["shard_size"]
+        self._offsets = []
+        for shard in range(self.meta["num_shards"]):
+            with safe_open(_shard_path(self.out_dir, shard), framework="pt") as f:
+                self._offsets.append(f.get_tensor("offsets").tolist())
+
+    def __len__(self) -> int:
+        return self.meta["num_samples"]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} out of range for a cache of {len(self)} samples")
+        shard, local = divmod(index, self.shard_size)
+        start, end = self._offsets[shard][local], self._offsets[shard][local + 1]
+        with safe_open(_shard_path(self.out_dir, shard), framework="pt") as f:
+            sample = {name: f.get_slice(name)[start:end] for name in f.keys() if name != "offsets"}
+        sample["input_ids"] = sample["input_ids"].long()
+        sample["loss_mask"] = sample["loss_mask"].long()
+        if "topk_indices" in sample:
+            sample["topk_indices"] = sample["topk_indices"].long()
+        return sample
+
+
+def _pad_stack(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = tensors[0].new_zeros((len(tensors), width, *tensors[0].shape[1:]))
+    for row, tensor in enumerate(tensors):
+        out[row, : tensor.shape[0]] = tensor
+    return out  # (B, T, ...)
+
+
+def collate_features(
+    samples: list[dict[str, torch.Tensor]], pad_token_id: int
+) -> tuple[dict[str, torch.Tensor], TargetFeatures]:
+    """Right-pad cached samples into the online batch dict and ``TargetFeatures`` (zeros at padded positions)."""
+    batch = collate([{"input_ids": s["input_ids"], "loss_mask": s["loss_mask"]} for s in samples], pad_token_id)
+    width = batch["input_ids"].shape[1]
+    layer_ids = sorted(int(name.split(".")[1]) for name in samples[0] if name.startswith("hidden_states."))
+    features = TargetFeatures(
+        hidden_states={i: _pad_stack([s[f"hidden_states.{i}"] for s in samples], width) for i in layer_ids}
+    )
+    for name in ("logits", "topk_values", "topk_indices"):
+        if name in samples[0]:
+            setattr(features, name, _pad_stack([s[name] for s in samples], width))
+    return batch, features

@@ -1,0 +1,312 @@
+"""One Accelerate training loop for every head type, from one CPU process to DeepSpeed ZeRO-3.
+
+Only the objective (the head, plus Medusa-2's LoRA adapters), the optimizer, the train dataloader and the scheduler
+are prepared; the frozen target stays a plain module on the device and is never wrapped, sharded or saved.
+A "step" is one optimizer update (``grad_accum`` micro-batches). Data order is a function of (seed, epoch) via
+Accelerate's seedable sampler, and resume skips exactly the micro-batches already consumed, so a resumed run ends
+with the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
+
+from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps
+from specheads.target import load_target
+from specheads.training.checkpoint import read_step, resolve_resume, save_checkpoint
+from specheads.training.config import TrainConfig, to_container, to_yaml
+from specheads.training.data import build_datasets, collate
+from specheads.training.features import CachedFeatureDataset, collate_features, extract_features
+from specheads.training.losses import Stats, add_stats, chain_tau, ratios
+from specheads.training.objective import build_objective
+from specheads.training.tracking import flatten, tracker_setup
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)  # every eval, step 0 = the untrained head
+    finished: bool = True  # False when stopped by ``train.stop_after`` (no final head saved)
+    checksum: float = 0.0  # of this rank's trainable weights: ranks of a data-parallel run must agree
+
+
+def weights_checksum(module: torch.nn.Module) -> float:
+    """A cheap fingerprint of the trainable weights (sum and sum of squares in float64)."""
+    total = 0.0
+    for param in module.parameters():
+        if param.requires_grad:
+            data = param.detach().double()
+            total += data.sum().item() + 0.5 * data.square().sum().item()
+    return total
+
+
+def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:
+    """The head named by ``cfg.head``; an EAGLE-3 reduced vocabulary is built from the training tokens."""
+    head_cls = HEADS[cfg.head.type]
+    config = head_cls.config_class.from_dict(copy.deepcopy(dict(cfg.head.options)))
+    vocab = target.config.get_text_config().vocab_size
+    draft_vocab = getattr(config, "draft_vocab_size", None)
+    if head_cls is EagleDrafter and config.version == 3 and draft_vocab and draft_vocab < vocab:
+        d2t, _ = build_vocab_maps(_loss_tokens(train_dataset), vocab, draft_vocab)
+        return EagleDrafter(config, target, d2t=d2t)
+    return head_cls(config, target)
+
+
+def chain_acceptance(metrics: dict[str, float], prefix: str) -> list[float]:
+    """Top-1 acceptance per draft position (Medusa head k / EAGLE step k), in chain order."""
+    for kind in ("head", "step"):
+        found = []
+        while f"{prefix}top1/{kind}{len(found) + 1}" in metrics:
+            found.append(metrics[f"{prefix}top1/{kind}{len(found) + 1}"])
+        if found:
+            return found
+    return []
+
+
+class FeatureSource:
+    """Where a batch's target features come from: the frozen target (online) or the cache (offline).
+
+    Online batches are dicts; offline batches are ``(dict, TargetFeatures)`` pairs from ``collate_features``.
+    """
+
+    def __init__(self, target: PreTrainedModel, layer_ids: list[int], with_logits: bool) -> None:
+        self.target = target
+        self.layer_ids = layer_ids
+        self.with_logits = with_logits
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, Any] | tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
+        if isinstance(batch, (tuple, list)):
+            batch, cached = batch
+            device = batch["input_ids"].device
+            moved = {name: value.to(device) for name, value in cached.hidden_states.items()}
+            for name in ("logits", "topk_values", "topk_indices"):
+                if getattr(cached, name) is not None:
+                    setattr(cached, name, getattr(cached, name).to(device))
+            cached.hidden_states = moved
+            return batch, cached
+        if not self.layer_ids:
+            return batch, None
+        features = extract_features(
+            self.target, batch["input_ids"], batch["attention_mask"], self.layer_ids, with_logits=self.with_logits
+        )
+        return batch, features
+
+
+def _reduce_stats(accelerator: Accelerator, stats: Stats) -> dict[str, float]:
+    """Sum ``[numerator, denominator]`` pairs over ranks (same key order everywhere), then take ratios."""
+    if not stats:
+        return {}
+    names = sorted(stats)
+    stacked = accelerator.reduce(torch.stack([stats[n] for n in names]).to(accelerator.device), reduction="sum")
+    return ratios(dict(zip(names, stacked)))
+
+
+def _with_tau(metrics: dict[str, float], prefix: str) -> dict[str, float]:
+    acceptance = chain_acceptance(metrics, prefix)
+    return {**metrics, f"{prefix}tau": chain_tau(acceptance)} if acceptance else metrics
+
+
+def evaluate(accelerator, objective, loader, features: FeatureSource, step: int, max_batches: int | None):
+    """Held-out per-head/per-step accuracy, loss, and the simulated chain tau."""
+    objective.eval()
+    totals: Stats = {}
+    with torch.no_grad():
+        for index, batch in enumerate(loader):
+            if max_batches is not None and index >= max_batches:
+                break
+            loss, stats = objective(*features(batch), step)
+            stats["loss"] = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)])
+            add_stats(totals, stats)
+    objective.train()
+    metrics = {f"eval/{k}": v for k, v in _reduce_stats(accelerator, totals).items()}
+    return _with_tau(metrics, "eval/")
+
+
+def _datasets(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any, Any]:
+    """Train and eval datasets and their collate function (online: tokenized chats; offline: feature caches)."""
+    pad = tokenizer.pad_token_id
+    if cfg.features.mode == "offline":
+        root = Path(cfg.features.cache_dir)
+        return (
+            CachedFeatureDataset(root / "train"),
+            CachedFeatureDataset(root / "eval"),
+            partial(collate_features, pad_token_id=pad),
+        )
+    train_ds, eval_ds = build_datasets(cfg.data, tokenizer)
+    return train_ds, eval_ds, partial(collate, pad_token_id=pad)
+
+
+def _loss_tokens(dataset: Any) -> list[list[int]]:
+    """Assistant tokens of every training sample (what an EAGLE-3 draft vocabulary is counted from)."""
+    if isinstance(dataset, CachedFeatureDataset):
+        rows = (dataset[i] for i in range(len(dataset)))
+        return [sample["input_ids"][sample["loss_mask"].bool()].tolist() for sample in rows]
+    return [[t for t, m in zip(ids, mask) if m] for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
+
+
+def _check_cache(dataset: CachedFeatureDataset, layer_ids: list[int], needs_logits: bool) -> None:
+    path = dataset.out_dir
+    missing = sorted(set(layer_ids) - set(dataset.layer_ids))
+    has_distribution = dataset.meta.get("with_logits") or dataset.meta.get("topk")
+    if missing or (needs_logits and not has_distribution):
+        raise ValueError(
+            f"feature cache {path} holds hidden states {dataset.layer_ids} "
+            f"{'and a target distribution' if has_distribution else 'and no target distribution'}; this head needs "
+            f"hidden states {layer_ids}{' and the distribution' if needs_logits else ''}. Re-run "
+            "`specheads data cache-features` with the head's layer ids."
+        )
+
+
+def train(
+    cfg: TrainConfig, target: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None
+) -> TrainResult:
+    """Train the head described by ``cfg``; save it (and Medusa-2's adapter in ``lora/``) to ``train.output_dir``."""
+    tc = cfg.train
+    out = Path(tc.output_dir)
+    log_with, init_kwargs = tracker_setup(cfg)
+    accelerator = Accelerator(
+        mixed_precision=tc.mixed_precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tc.grad_accum, sync_with_dataloader=False),
+        log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    set_seed(tc.seed)
+    if target is None:
+        target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
+    target.to(accelerator.device)
+    with accelerator.main_process_first():
+        train_ds, eval_ds, merge = _datasets(cfg, tokenizer)
+    head = build_head(cfg, target, train_ds)
+    objective = build_objective(head, target, cfg.loss, cfg.lora, tc.seed)
+    # Medusa-2 runs its adapted target itself (with gradients), so it needs no separate feature pass.
+    layer_ids = [] if getattr(objective, "runs_target", False) else head.layer_ids
+    features = FeatureSource(target, layer_ids, with_logits=objective.needs_logits)
+    for dataset in (train_ds, eval_ds):
+        if isinstance(dataset, CachedFeatureDataset):
+            _check_cache(dataset, layer_ids, objective.needs_logits)
+    generator = torch.Generator().manual_seed(tc.seed)  # loader worker seeds never draw from the global RNG
+    train_loader = DataLoader(train_ds, batch_size=tc.batch_size, shuffle=True, collate_fn=merge, generator=generator)
+    eval_loader = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=merge)
+    params = [p for p in objective.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+    # Accelerate steps a prepared scheduler once per process per update, so count in those units.
+    n = accelerator.num_processes
+    scheduler = get_scheduler(
+        tc.scheduler, optimizer, num_warmup_steps=tc.warmup_steps * n, num_training_steps=tc.max_steps * n
+    )
+    objective, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+        objective, optimizer, train_loader, eval_loader, scheduler
+    )
+
+    step = 0
+    resume_from = resolve_resume(tc.resume, out)
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        step = read_step(resume_from)
+        logger.info("resumed from %s at step %d", resume_from, step)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "train_config.yaml").write_text(to_yaml(cfg))
+    if log_with is not None:
+        accelerator.init_trackers(tc.project, config=flatten(to_container(cfg)), init_kwargs=init_kwargs)
+
+    history: list[dict[str, float]] = []
+
+    def run_eval() -> dict[str, float]:
+        metrics = evaluate(accelerator, objective, eval_loader, features, step, tc.eval_batches)
+        history.append({"step": step, **metrics})
+        accelerator.log(metrics, step=step)
+        return metrics
+
+    metrics = run_eval() if tc.eval_every and step == 0 else {}
+    micro_per_epoch = len(train_loader)
+    epoch, skip = divmod(step * tc.grad_accum, micro_per_epoch)
+    window: Stats = {}
+    bar = tqdm(total=tc.max_steps, initial=step, disable=not (tc.progress_bar and accelerator.is_main_process))
+    stopped = False
+    objective.train()
+    while step < tc.max_steps and not stopped:
+        train_loader.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        skip = 0
+        for batch in batches:
+            with accelerator.accumulate(objective):
+                loss, stats = objective(*features(batch), step)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and tc.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(params, tc.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            stats["loss"] = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)])
+            add_stats(window, stats)
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            bar.update(1)
+            if step % tc.log_every == 0 or step == tc.max_steps:
+                logged = {f"train/{k}": v for k, v in _reduce_stats(accelerator, window).items()}
+                logged["train/lr"] = scheduler.get_last_lr()[0]
+                accelerator.log(_with_tau(logged, "train/"), step=step)
+                bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **_bar_fields(metrics))
+                window = {}
+            if tc.eval_every and (step % tc.eval_every == 0 or step == tc.max_steps):
+                metrics = run_eval()
+                bar.set_postfix(**_bar_fields(metrics))
+            if tc.save_every and step % tc.save_every == 0:
+                save_checkpoint(accelerator, out, step, tc.keep_last)
+            if tc.stop_after is not None and step >= tc.stop_after:
+                stopped = True
+            if stopped or step >= tc.max_steps:
+                break
+        epoch += 1
+    bar.close()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # close trackers before the output folder is rewritten by the final save
+    checksum = weights_checksum(accelerator.unwrap_model(objective))
+    finished = not (stopped and step < tc.max_steps)
+    if finished:
+        _save_final(accelerator, objective, cfg, target, metrics, out)
+    return TrainResult(out, step, metrics, history, finished=finished, checksum=checksum)
+
+
+def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:
+    fields = {"tau": metrics.get("eval/tau"), "acc1": metrics.get("eval/top1/head1", metrics.get("eval/top1/step1"))}
+    return {k: f"{v:.3f}" for k, v in fields.items() if v is not None and not math.isnan(v)}
+
+
+def _save_final(accelerator, objective, cfg: TrainConfig, target, metrics: dict[str, float], out: Path) -> None:
+    """Gather full weights (ZeRO-3 shards them), rebuild the head from them on the main process, save it."""
+    state = accelerator.get_state_dict(objective)  # every rank must call this
+    if not accelerator.is_main_process:
+        return
+    unwrapped = accelerator.unwrap_model(objective)
+    live = unwrapped.head
+    builder = getattr(type(live), "for_loading", type(live))
+    head = builder(copy.deepcopy(live.config), target)
+    head.load_state_dict({k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")}, strict=True)
+    card = {"training": to_container(cfg), "metrics": metrics}
+    if "eval/tau" in metrics:
+        card["acceptance"] = {"simulated_chain_tau": metrics["eval/tau"]}
+    head.save_pretrained(out, card=card)
+    if getattr(unwrapped, "adapted", None) is not None:
+        unwrapped.adapted.save_pretrained(str(out / "lora"))

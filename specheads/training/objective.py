@@ -1,0 +1,180 @@
+"""Objectives: the module Accelerate prepares, turning a batch and the target's features into a loss.
+
+An objective owns the trainable parts (the head; for Medusa-2 also the target's LoRA adapters) as submodules, so
+DDP/FSDP/DeepSpeed wrap exactly those. The frozen target is never a submodule: features are computed outside the
+objective (online under ``no_grad``, or read from an offline cache) and passed in. Medusa-2 is the exception: its
+adapted target must run with gradients, so that objective runs it itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from specheads.heads import EagleDrafter, MedusaHeads, padding_causal_mask
+from specheads.training.config import LoraSection, LossSection
+from specheads.training.losses import (
+    Stats,
+    TargetDistribution,
+    eagle1_loss,
+    eagle3_ttt_loss,
+    lora_distill_loss,
+    medusa_loss,
+)
+
+
+def target_distribution(features: Any) -> TargetDistribution | None:
+    """The target's next-token distribution from ``TargetFeatures``: full logits, or cached top-k probabilities."""
+    if getattr(features, "logits", None) is not None:
+        return TargetDistribution.from_logits(features.logits)
+    if getattr(features, "topk_indices", None) is not None:
+        return TargetDistribution(features.topk_values.float(), features.topk_indices.long())
+    return None
+
+
+def hidden_states_tuple(hidden_states: dict[int, torch.Tensor]) -> list[torch.Tensor | None]:
+    """``{index: (B, T, H)}`` -> the HF ``hidden_states`` layout (a list with None at unread indices)."""
+    return [hidden_states.get(i) for i in range(max(hidden_states) + 1)]
+
+
+def _param_dtype(module: nn.Module) -> torch.dtype:
+    return next(p.dtype for p in module.parameters() if p.is_floating_point())
+
+
+class MedusaObjective(nn.Module):
+    """Medusa-1: frozen target, heads trained on its last hidden state (https://arxiv.org/abs/2401.10774)."""
+
+    def __init__(self, head: MedusaHeads, loss: LossSection) -> None:
+        super().__init__()
+        self.head = head
+        self.decay = loss.decay
+        self.soft_labels = loss.medusa_labels == "soft"
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.soft_labels
+
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+        hidden = features.hidden_states[self.head.layer_ids[0]].to(_param_dtype(self.head))  # (B, T, H)
+        logits = self.head(hidden)  # (K, B, T, V)
+        target = target_distribution(features) if self.soft_labels else None
+        return medusa_loss(logits, batch["input_ids"], batch["loss_mask"], self.decay, target)
+
+
+class Medusa2Objective(nn.Module):
+    """Medusa-2: heads + LoRA adapters on the target, trained jointly; the adapted target is distilled towards the
+    original (adapters disabled) so that its own predictions do not drift (https://arxiv.org/abs/2401.10774)."""
+
+    def __init__(self, head: MedusaHeads, adapted: nn.Module, loss: LossSection, lora: LoraSection) -> None:
+        super().__init__()
+        self.head = head
+        self.adapted = adapted  # a peft model around the target; only its LoRA parameters require grad
+        self.decay = loss.decay
+        self.soft_labels = loss.medusa_labels == "soft"
+        self.distill_weight = lora.distill_weight
+
+    needs_logits = False
+    runs_target = True
+
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad(), self.adapted.disable_adapter():
+            original = TargetDistribution.from_logits(
+                self.adapted(input_ids=input_ids, attention_mask=attention_mask).logits
+            )
+        layer = self.head.layer_ids[0]
+        out = self.adapted(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        logits = self.head(out.hidden_states[layer])  # (K, B, T, V)
+        heads_loss, stats = medusa_loss(
+            logits, input_ids, batch["loss_mask"], self.decay, original if self.soft_labels else None
+        )
+        kl, kl_stats = lora_distill_loss(out.logits, original, attention_mask)
+        return heads_loss + self.distill_weight * kl, {**stats, **kl_stats}
+
+
+class Eagle1Objective(nn.Module):
+    """EAGLE-1: feature regression + token CE, with optional uniform input noise (https://arxiv.org/abs/2401.15077)."""
+
+    needs_logits = True
+
+    def __init__(self, head: EagleDrafter, loss: LossSection, seed: int) -> None:
+        super().__init__()
+        self.head = head
+        self.loss_cfg = loss
+        self.seed = seed
+
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+        fused = self.head.fuse(hidden_states_tuple(features.hidden_states)).to(_param_dtype(self.head))  # (B, T, H)
+        inputs = fused[:, :-1]
+        noise = self.loss_cfg.input_noise
+        if self.training and noise > 0:
+            # Seeded by the step, not the global RNG, so a resumed run draws the same noise as an uninterrupted one.
+            generator = torch.Generator(device=inputs.device).manual_seed(self.seed * 1_000_003 + step)
+            uniform = torch.rand(inputs.shape, generator=generator, device=inputs.device, dtype=inputs.dtype)
+            inputs = inputs + (2 * uniform - 1) * noise
+        length = inputs.shape[1]
+        positions = torch.arange(length, device=inputs.device).expand(inputs.shape[0], length)
+        mask = padding_causal_mask(batch["attention_mask"][:, :length], inputs.dtype)
+        hidden, logits = self.head(inputs, batch["input_ids"][:, 1:], positions, attention_mask=mask)
+        target = target_distribution(features).narrow(1, length)  # the target at t+1 predicts token t+2
+        valid = batch["loss_mask"][:, 1:].bool() & batch["attention_mask"][:, 1:].bool()
+        return eagle1_loss(
+            hidden,
+            logits,
+            fused[:, 1:].detach(),
+            target,
+            valid,
+            self.loss_cfg.feature_weight,
+            self.loss_cfg.token_weight,
+        )
+
+
+class Eagle3Objective(nn.Module):
+    """EAGLE-3: training-time test over ``ttt_steps`` unrolled drafter steps (https://arxiv.org/abs/2503.01840)."""
+
+    needs_logits = True
+
+    def __init__(self, head: EagleDrafter, loss: LossSection) -> None:
+        super().__init__()
+        self.head = head
+        self.steps = loss.ttt_steps
+        self.decay = loss.decay
+
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+        fused = self.head.fuse(
+            [None if h is None else h.to(_param_dtype(self.head)) for h in hidden_states_tuple(features.hidden_states)]
+        )
+        return eagle3_ttt_loss(
+            self.head,
+            self.head.new_cache(),
+            fused,
+            batch["input_ids"],
+            batch["attention_mask"],
+            batch["loss_mask"],
+            target_distribution(features),
+            self.head.d2t,
+            self.head.t2d,
+            self.steps,
+            self.decay,
+        )
+
+
+def build_objective(
+    head: nn.Module, target: PreTrainedModel, loss: LossSection, lora: LoraSection, seed: int
+) -> nn.Module:
+    """The objective for this head type. With ``lora.enabled`` the target is wrapped in LoRA adapters (peft)."""
+    if isinstance(head, MedusaHeads) and lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        peft_config = LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
+        )
+        return Medusa2Objective(head, get_peft_model(target, peft_config), loss, lora)
+    if isinstance(head, MedusaHeads):
+        return MedusaObjective(head, loss)
+    if isinstance(head, EagleDrafter):
+        return Eagle1Objective(head, loss, seed) if head.version == 1 else Eagle3Objective(head, loss)
+    raise TypeError(f"no training objective for {type(head).__name__}; expected MedusaHeads or EagleDrafter.")

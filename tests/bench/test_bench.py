@@ -1,0 +1,80 @@
+"""The benchmark end to end on the real target (tiny), and the report's bookkeeping with stub methods."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from specheads.bench.cli import BenchSettings, run_bench
+from specheads.bench.methods import Method, MethodRun
+from specheads.bench.questions import Question
+from specheads.bench.report import OVERALL, aggregate, markdown_report
+from specheads.bench.runner import run_benchmark
+
+QUESTIONS = [
+    {"question_id": 81, "category": "writing", "turns": ["Write one sentence about the sea.", "More."]},
+    {"question_id": 161, "category": "translation", "turns": ["Translate to English: Guten Morgen, Welt."]},
+    {"question_id": 162, "category": "translation", "turns": ["Translate to English: Danke."]},
+]
+
+
+def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    target, tokenizer = smollm2
+    torch.manual_seed(0)
+    head_dir = tmp_path / "medusa-untrained"
+    MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), target).save_pretrained(head_dir)
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    settings = BenchSettings(
+        questions=str(questions),
+        per_category=1,
+        max_new_tokens=16,
+        heads=[str(head_dir)],
+        trees=["chain:2"],
+        methods=[],
+        out=str(tmp_path / "out"),
+        progress=False,
+    )
+    report, paths = run_bench(settings, target, tokenizer)
+
+    assert set(paths) == {"json", "markdown", "speedup_png", "acceptance_png"}
+    loaded = json.loads(paths["json"].read_text())
+    assert loaded["categories"] == ["mt_bench", "translation"]
+    assert list(loaded["results"]) == ["generate", "specheads-medusa-untrained"]
+    medusa = loaded["results"]["specheads-medusa-untrained"]
+    assert medusa[OVERALL]["compared"] == 2 and medusa[OVERALL]["identical"] == 2  # greedy Medusa is lossless
+    assert loaded["mismatches"] == []
+    assert medusa[OVERALL]["tau"] >= 1.0 and len(medusa[OVERALL]["acceptance_per_depth"]) == 2
+    assert loaded["results"]["generate"][OVERALL]["speedup"] == 1.0
+    assert "| specheads-medusa-untrained |" in paths["markdown"].read_text()
+    for png in (paths["speedup_png"], paths["acceptance_png"]):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def stub(name: str, tokens: list[int], seconds: float, forwards: int, lossless: bool = True) -> Method:
+    def run(input_ids, max_new_tokens, temperature, seed):
+        return MethodRun(list(tokens), seconds, forwards, accepted_lengths=[1] * (forwards - 1))
+
+    return Method(name, run, lossless=lossless)
+
+
+def test_identical_counts_speedup_and_loud_mismatches():
+    prompts = [(Question(i, c, "p"), torch.zeros(1, 3, dtype=torch.long)) for i, c in [(1, "a"), (2, "b")]]
+    methods = [
+        stub("base", [1, 2, 3, 4], 2.0, 4),
+        stub("same", [1, 2, 3, 4], 1.0, 2),
+        stub("wrong", [1, 2, 9, 9], 1.0, 2),
+        stub("typical", [1, 2, 9, 9], 0.5, 2, lossless=False),
+    ]
+    records = run_benchmark(methods, prompts, max_new_tokens=4, warmup_tokens=0, progress=False)
+    report = aggregate(records, methods, {"temperature": 0.0})
+    overall = {name: groups[OVERALL] for name, groups in report["results"].items()}
+    assert overall["same"]["identical"] == 2 and overall["wrong"]["identical"] == 0
+    assert overall["same"]["speedup"] == 2.0 and overall["same"]["tau"] == 2.0
+    assert {(m["method"], m["question_id"]) for m in report["mismatches"]} == {("wrong", 1), ("wrong", 2)}
+    assert "MISMATCHES" in markdown_report(report)
+    sampled = aggregate(records, methods, {"temperature": 1.0})
+    assert sampled["mismatches"] == []  # outputs are not expected to match when sampling

@@ -1,0 +1,74 @@
+"""Tree selection by the cost model, on synthetic cost curves (no timing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specheads.decoding.cost_model import (
+    CostCurve,
+    DraftCost,
+    RankAcceptance,
+    RecordingDrafter,
+    best_first_paths,
+    choose_tree,
+)
+
+SIZES = [1, 2, 4, 8, 16, 32, 64]
+# CPU-like: 64 nodes cost ~3.5x one step (shared NOTES); GPU-like: flat until far past 64.
+CPU = CostCurve(SIZES, [0.051, 0.07, 0.087, 0.097, 0.114, 0.138, 0.177])
+GPU = CostCurve(SIZES, [0.020, 0.020, 0.020, 0.0201, 0.0202, 0.0205, 0.021])
+# A decent head: rank 0 right 70% of the time at depth 1, decaying with depth; lower ranks less likely.
+ACCEPTANCE = RankAcceptance([[0.7 * 0.9**d, 0.12, 0.05, 0.03] for d in range(6)])
+
+
+def test_cost_curve_interpolates_and_extrapolates():
+    assert CPU.at(1) == pytest.approx(0.051)
+    assert CPU.at(3) == pytest.approx((0.07 + 0.087) / 2)
+    assert CPU.at(96) == pytest.approx(0.177 + (0.177 - 0.138) / 32 * 32)
+    assert CPU.relative()[-1] == pytest.approx(0.177 / 0.051)
+
+
+def test_best_first_paths_form_valid_trees_in_decreasing_probability():
+    paths = best_first_paths(ACCEPTANCE, 40)
+    probs = [p for _, p in paths]
+    assert probs == sorted(probs, reverse=True)
+    seen = set()
+    for path, _ in paths:  # every prefix of the list is a tree: a node's parent comes before it
+        assert len(path) == 1 or path[:-1] in seen
+        seen.add(path)
+    assert paths[0][0] == (0,)
+
+
+def test_cpu_and_gpu_choose_different_trees():
+    draft = DraftCost(per_depth_s=0.002)
+    cpu = choose_tree(ACCEPTANCE, CPU.at, draft)
+    gpu = choose_tree(ACCEPTANCE, GPU.at, draft)
+    assert cpu.num_nodes < gpu.num_nodes, (cpu.describe(), gpu.describe())
+    assert gpu.num_nodes >= 32  # verification is ~free on the GPU: use a big tree
+    assert cpu.expected_tau < gpu.expected_tau
+    # the chosen tree is the best of every candidate size considered
+    assert cpu.expected_tokens_per_s == pytest.approx(max(c["tokens_per_s"] for c in cpu.candidates))
+
+
+def test_useless_drafter_chooses_no_tree():
+    never = RankAcceptance([[0.0, 0.0]] * 3)
+    choice = choose_tree(never, CPU.at, DraftCost(fixed_s=0.01))
+    assert choice.num_nodes == 0 and choice.expected_tau == 1.0
+
+
+def test_expensive_drafting_shrinks_depth():
+    cheap = choose_tree(ACCEPTANCE, GPU.at, DraftCost(per_depth_s=0.0005))
+    costly = choose_tree(ACCEPTANCE, GPU.at, DraftCost(per_depth_s=0.05))
+    assert costly.depth < cheap.depth
+
+
+def test_recording_drafter_counts_rank_hits():
+    recorder = RecordingDrafter(type("D", (), {"layer_ids": []})())
+    # root 0 with children 1 (token 10, rank 0) and 2 (token 11, rank 1); node 1 has child 3 (token 12)
+    tokens, parents = [5, 10, 11, 12], [-1, 0, 0, 1]
+    recorder.record(tokens, parents, [10, 12, 99])  # accepted 10, 12, bonus 99 (no children left)
+    recorder.record(tokens, parents, [11, 7])  # rank 1 accepted at depth 1, node 2 has no children
+    recorder.record(tokens, parents, [3])  # nothing accepted
+    assert recorder.trials == [[3, 3], [1]]
+    assert recorder.hits == [[1, 1], [1]]
+    assert recorder.acceptance().probs == [[1 / 3, 1 / 3], [1.0]]

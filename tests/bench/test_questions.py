@@ -1,0 +1,59 @@
+"""Spec-Bench loading: first turns, MT-bench ids folded into ``mt_bench``, per-category selection."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specheads.bench.questions import MT_BENCH, load_questions, select_per_category, spec_bench_category
+
+
+def write_questions(path, records):
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def test_mt_bench_ids_map_to_mt_bench():
+    assert spec_bench_category(81, "writing") == MT_BENCH
+    assert spec_bench_category(160, "humanities") == MT_BENCH
+    assert spec_bench_category(161, "translation") == "translation"
+    assert spec_bench_category(80, "writing") == "writing"
+
+
+def test_load_and_select(tmp_path):
+    records = [
+        {"question_id": 81, "category": "writing", "turns": ["w1", "w2"]},
+        {"question_id": 95, "category": "coding", "turns": ["c1", "c2"]},
+        {"question_id": 161, "category": "translation", "turns": ["t1"]},
+        {"question_id": 162, "category": "translation", "turns": ["t2"]},
+        {"question_id": 241, "category": "summarization", "turns": ["s1"]},
+    ]
+    questions = load_questions(write_questions(tmp_path / "q.jsonl", records))
+    assert [q.category for q in questions] == [MT_BENCH, MT_BENCH, "translation", "translation", "summarization"]
+    assert questions[0].prompt == "w1"  # first turn only
+    chosen = select_per_category(questions, 1)
+    assert [q.question_id for q in chosen] == [81, 161, 241]
+    assert [q.question_id for q in select_per_category(questions, 5, ["translation"])] == [161, 162]
+    with pytest.raises(ValueError, match="unknown categories"):
+        select_per_category(questions, 1, ["poetry"])
+
+
+def test_malformed_and_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--questions"):
+        load_questions(tmp_path / "nope.jsonl")
+    bad = write_questions(tmp_path / "bad.jsonl", [{"question_id": 1, "category": "qa"}])
+    with pytest.raises(ValueError, match="turns"):
+        load_questions(bad)
+
+
+def test_shared_spec_bench_file_has_six_categories():
+    from specheads.bench.questions import find_default_questions
+
+    try:
+        path = find_default_questions()
+    except FileNotFoundError:
+        pytest.skip("Spec-Bench question file not available on this machine")
+    questions = load_questions(path)
+    counts = {c: sum(q.category == c for q in questions) for c in {q.category for q in questions}}
+    assert counts == {c: 80 for c in (MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")}

@@ -1,0 +1,86 @@
+"""Fixtures for training tests: a tiny target saved to disk with SmolLM2's tokenizer, and a small chat file.
+
+The tiny target (hidden 64, 4 layers, SmolLM2's 49k vocabulary and chat template) loads by path in any process,
+so `accelerate launch` tests and resume tests exercise the real loop in seconds. Runs on the real SmolLM2 target
+are reserved for the tests where learning is the point.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+REPO = Path(__file__).resolve().parents[2]
+DISTILL = "distill/smollm2-135m-instruct-greedy-1k.jsonl"
+
+
+def shared_data_dir() -> Path:
+    return Path(os.environ.get("SPECHEADS_DATA", REPO.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def distill_path() -> Path:
+    path = shared_data_dir() / DISTILL
+    if not path.is_file():
+        pytest.skip(f"{path} not found: put the shared data folder beside the repository or set SPECHEADS_DATA")
+    return path
+
+
+@pytest.fixture(scope="session")
+def small_chat_file(tmp_path_factory, distill_path) -> Path:
+    """The first 64 self-distilled conversations (enough for a few tiny batches and a held-out split)."""
+    out = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    with open(distill_path) as source:
+        out.write_text("".join(itertools.islice(source, 64)))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    from specheads.target import builtin_cache_dir, ensure_builtin_converted
+
+    ensure_builtin_converted("smollm2-135m-instruct")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(builtin_cache_dir("smollm2-135m-instruct"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    out = tmp_path_factory.mktemp("tiny-target")
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def tiny_overrides(target_dir: Path, data_file: Path, output_dir: Path, **train: object) -> list[str]:
+    """Dotted overrides for a seconds-long run on the tiny target; ``train`` keys override ``train.*``."""
+    settings = {
+        "max_steps": 4,
+        "batch_size": 4,
+        "eval_batch_size": 4,
+        "eval_every": 0,
+        "log_every": 1,
+        "progress_bar": False,
+        "output_dir": str(output_dir),
+        **train,
+    }
+    return [
+        f"target.name={target_dir}",
+        f"data.paths=[{data_file}]",
+        "data.max_length=64",
+        "data.eval_size=8",
+        *(f"train.{key}={value}" for key, value in settings.items()),
+    ]

@@ -1,0 +1,78 @@
+"""The training config schema: every file under configs/ loads strictly; errors say what is valid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from accelerate.commands.config.config_args import load_config_from_file
+
+from specheads.training.config import ConfigError, load_config
+from specheads.training.train_cli import train_main
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TRAIN_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("accelerate", "trees"))
+
+
+def test_there_is_a_training_config_per_head_type():
+    names = {p.parent.name for p in TRAIN_CONFIGS}
+    assert {"medusa", "medusa2", "eagle1", "eagle3"} <= names
+
+
+@pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_training_configs_load_strictly(path):
+    cfg = load_config(path)
+    assert cfg.data.paths and all("${" not in p for p in cfg.data.paths)  # interpolations resolved
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "accelerate").glob("*.yaml")), ids=lambda p: p.name)
+def test_accelerate_configs_load(path):
+    config = load_config_from_file(str(path))  # accelerate rejects unknown keys itself
+    deepspeed_file = (config.deepspeed_config or {}).get("deepspeed_config_file")
+    if deepspeed_file:
+        assert (CONFIGS.parent / deepspeed_file).is_file()
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "deepspeed").glob("*.json")), ids=lambda p: p.name)
+def test_deepspeed_configs_parse(path):
+    assert json.loads(path.read_text())["zero_optimization"]["stage"] in (2, 3)
+
+
+def test_data_folder_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SPECHEADS_DATA", "/elsewhere")
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml")
+    assert cfg.data.paths[0].startswith("/elsewhere/distill/")
+
+
+def test_dotted_overrides_apply_and_are_typed():
+    cfg = load_config(CONFIGS / "eagle3" / "smollm2-135m.yaml", ["train.max_steps=7", "loss.ttt_steps=2"])
+    assert cfg.train.max_steps == 7 and cfg.loss.ttt_steps == 2
+    with pytest.raises(ConfigError, match="max_steps"):
+        load_config(CONFIGS / "eagle3" / "smollm2-135m.yaml", ["train.max_steps=many"])
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("train.max_stepz=3", r"unknown key 'train.max_stepz'; valid keys in section 'train' are \[.*'max_steps'"),
+        ("bogus=1", r"unknown key 'bogus'; valid keys in the top level are \['data', 'features', 'head'"),
+        ("head.options.num_headz=2", r"head.options: MedusaConfig: unknown keys \['num_headz'\]; valid keys"),
+        ("train.scheduler=cosin", r"train.scheduler='cosin' is not valid; expected one of \['cosine'"),
+        ("head.type=hydra", r"head.type='hydra' is not valid"),
+        ("features.mode=offline", r"needs features.cache_dir"),
+    ],
+)
+def test_invalid_configs_fail_with_what_is_valid(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [override])
+
+
+def test_missing_file_is_an_error():
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config("configs/nope.yaml")
+
+
+def test_cli_reports_config_errors(capsys):
+    assert train_main(["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), "train.nope=1"]) == 2
+    assert "unknown key 'train.nope'" in capsys.readouterr().err

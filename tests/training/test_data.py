@@ -1,0 +1,161 @@
+"""Chat data: shape detection, assistant-only loss masks on the real SmolLM2 template, truncation, splits, collate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from specheads.training.data import (
+    DataConfig,
+    DataError,
+    build_datasets,
+    collate,
+    detect_format,
+    to_messages,
+    tokenize_conversation,
+)
+
+END = "<|im_end|>"
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def masked_text(tokenizer, sample) -> list[str]:
+    """Decode each run of consecutive masked tokens separately."""
+    runs, current = [], []
+    for token, keep in zip(sample["input_ids"], sample["loss_mask"]):
+        if keep:
+            current.append(token)
+        elif current:
+            runs.append(tokenizer.decode(current))
+            current = []
+    if current:
+        runs.append(tokenizer.decode(current))
+    return runs
+
+
+def test_config_is_an_omegaconf_schema():
+    cfg = OmegaConf.structured(DataConfig)
+    merged = OmegaConf.merge(cfg, OmegaConf.create({"paths": ["a.jsonl"], "eval_size": 3}))
+    assert OmegaConf.to_object(merged) == DataConfig(paths=["a.jsonl"], eval_size=3)
+
+
+def test_shapes_are_detected_and_normalised():
+    sharegpt = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}]}
+    sharegpt["conversations"].append({"from": "gpt", "value": "a"})
+    assert detect_format(sharegpt, "f") == "sharegpt"
+    assert to_messages(sharegpt, "sharegpt") == [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]
+    pair = {"prompt": "q", "response": "a", "id": 1}
+    assert detect_format(pair, "f") == "prompt_response"
+    assert to_messages(pair, "prompt_response") == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]
+    with pytest.raises(DataError, match=r"keys \['id', 'text'\].*ShareGPT"):
+        detect_format({"id": 1, "text": "x"}, "f")
+
+
+def test_mask_covers_assistant_text_and_end_of_turn_only(smollm2):
+    _, tokenizer = smollm2
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    sample = tokenize_conversation(messages, tokenizer, max_length=1024)
+    assert sample["input_ids"] == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    header = ["<|im_start|>", "ass", "istant", "Ċ"]
+    expected = (
+        [("<|im_start|>", 0), ("system", 0), ("Ċ", 0), ("Be", 0), ("Ġbrief", 0), (".", 0), (END, 0), ("Ċ", 0)]
+        + [("<|im_start|>", 0), ("user", 0), ("Ċ", 0), ("Hi", 0), (END, 0), ("Ċ", 0)]
+        + [(t, 0) for t in header]
+        + [("Hello", 1), ("!", 1), (END, 1), ("Ċ", 0)]
+        + [("<|im_start|>", 0), ("user", 0), ("Ċ", 0), ("2", 0), ("+", 0), ("2", 0), ("?", 0), (END, 0), ("Ċ", 0)]
+        + [(t, 0) for t in header]
+        + [("4", 1), (END, 1), ("Ċ", 0)]
+    )
+    assert list(zip(tokenizer.convert_ids_to_tokens(sample["input_ids"]), sample["loss_mask"])) == expected
+    assert sample["num_loss_tokens"] == 5 and not sample["truncated"]
+
+
+def test_mask_decodes_to_assistant_text_with_spaces_and_newlines(smollm2):
+    _, tokenizer = smollm2
+    answer = " Hello!\n\nHow can I help?\n"
+    messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": answer}]
+    sample = tokenize_conversation(messages, tokenizer, max_length=1024)
+    assert masked_text(tokenizer, sample) == [answer + END]
+    cut = tokenize_conversation(messages, tokenizer, max_length=len(sample["input_ids"]) - 3)
+    assert cut["truncated"] and cut["loss_mask"] == sample["loss_mask"][: len(cut["loss_mask"])]
+
+
+def test_build_datasets_reads_all_shapes_truncates_and_splits(smollm2, tmp_path):
+    _, tokenizer = smollm2
+    pairs = [{"prompt": f"Question {i}?", "response": f"Answer number {i}."} for i in range(6)]
+    sharegpt = [{"conversations": [{"from": "human", "value": "Hey"}, {"from": "gpt", "value": "Yo"}]}]
+    messages = [{"messages": [{"role": "user", "content": "x " * 200}, {"role": "assistant", "content": "y"}]}]
+    cfg = DataConfig(
+        paths=[
+            write_jsonl(tmp_path / "pairs.jsonl", pairs),
+            write_jsonl(tmp_path / "sharegpt.jsonl", sharegpt),
+            write_jsonl(tmp_path / "long.jsonl", messages),
+        ],
+        max_length=64,
+        eval_size=2,
+        seed=3,
+    )
+    train, evaluation = build_datasets(cfg, tokenizer)
+    # The long conversation's answer lies beyond max_length: it is truncated, then dropped.
+    assert len(train) + len(evaluation) == 7 and len(evaluation) == 2
+    assert train.column_names == ["input_ids", "loss_mask"]
+    for sample in list(train) + list(evaluation):
+        assert len(sample["input_ids"]) == len(sample["loss_mask"]) <= 64 and sum(sample["loss_mask"]) > 0
+    again_train, again_eval = build_datasets(cfg, tokenizer)
+    assert again_train["input_ids"] == train["input_ids"] and again_eval["input_ids"] == evaluation["input_ids"]
+    other_train, _ = build_datasets(DataConfig(**{**vars(cfg), "seed": 4}), tokenizer)
+    assert other_train["input_ids"] != train["input_ids"]
+
+
+def test_everything_dropped_says_why(smollm2, tmp_path):
+    _, tokenizer = smollm2
+    pairs = [{"prompt": f"Question {i}?", "response": "A."} for i in range(3)]
+    cfg = DataConfig(paths=[write_jsonl(tmp_path / "p.jsonl", pairs)], max_length=8)
+    with pytest.raises(DataError, match=r"all 3 samples were dropped: 3 had no assistant tokens within max_length=8"):
+        build_datasets(cfg, tokenizer)
+
+
+def test_unknown_shape_in_a_file_names_the_keys(smollm2, tmp_path):
+    _, tokenizer = smollm2
+    cfg = DataConfig(paths=[write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "a"}])])
+    with pytest.raises(DataError, match=r"bad.jsonl: unknown record shape with keys \['answer', 'question'\]"):
+        build_datasets(cfg, tokenizer)
+
+
+def test_collate_right_pads():
+    batch = [{"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, {"input_ids": [8], "loss_mask": [1]}]
+    out = collate(batch, pad_token_id=0)
+    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert out["loss_mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert all(t.dtype == torch.long for t in out.values())
+
+
+def test_a_record_of_another_shape_is_named(smollm2, tmp_path):
+    _, tokenizer = smollm2
+    records = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    records.append({"prompt": "q", "response": "a"})
+    cfg = DataConfig(paths=[write_jsonl(tmp_path / "mixed.jsonl", records)])
+    expected = r"mixed.jsonl: a record does not have the messages shape.*\['prompt', 'response'\]"
+    with pytest.raises(DataError, match=expected):
+        build_datasets(cfg, tokenizer)

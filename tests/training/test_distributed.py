@@ -1,0 +1,58 @@
+"""`accelerate launch` with two CPU processes (DDP over gloo, DeepSpeed ZeRO-2): the same script completes, both
+ranks end with identical weights, and the saved head loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, tiny_overrides
+
+from specheads.heads import load_head
+from specheads.target import load_target
+
+pytestmark = pytest.mark.distributed
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "launch_config, head_config",
+    [
+        ("cpu-2proc.yaml", "configs/eagle3/smollm2-135m.yaml"),
+        ("deepspeed-zero2.yaml", "configs/medusa/smollm2-135m.yaml"),
+    ],
+    ids=["ddp", "deepspeed-zero2"],
+)
+def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_dir, small_chat_file, tmp_path):
+    out = tmp_path / "run"
+    overrides = tiny_overrides(
+        tiny_target_dir, small_chat_file, out, max_steps=3, batch_size=2, eval_every=3, save_every=2
+    ) + ["head.options.draft_vocab_size=null", "loss.ttt_steps=2"] * ("eagle3" in head_config)
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / launch_config),
+        "--num_processes", "2", "--main_process_port", str(_free_port()),
+        str(REPO / "tests" / "training" / "launch_train.py"), head_config, str(tmp_path), *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["step"] == ranks[1]["step"] == 3
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # eval metrics are reduced over both ranks
+    assert (out / "checkpoints" / "step-00000002").is_dir()
+    target, _ = load_target(Path(tiny_target_dir))
+    load_head(out, target)

@@ -1,0 +1,55 @@
+"""Resume: a run stopped after k steps and resumed ends with the same weights as an uninterrupted run."""
+
+from __future__ import annotations
+
+import safetensors.torch
+import torch
+from conftest import tiny_overrides
+
+from specheads.heads import load_head
+from specheads.target import load_target
+from specheads.training.checkpoint import completed_checkpoints, latest_checkpoint
+from specheads.training.config import load_config
+from specheads.training.loop import train
+
+EAGLE1 = "configs/eagle1/smollm2-135m.yaml"
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(str(folder / "model.safetensors"))
+
+
+def test_resumed_run_matches_uninterrupted_run(tiny_target_dir, small_chat_file, tmp_path):
+    # 8 training samples / batch 2 = 4 micro-batches per epoch; 2 micro-batches per step, so 6 steps cross epochs
+    # and the stop at step 3 lands mid-epoch. Input noise checks that random draws line up after resuming too.
+    common = ["loss.input_noise=0.2", "data.max_samples=16"]
+    train_kw = dict(max_steps=6, batch_size=2, grad_accum=2, save_every=3, keep_last=1, warmup_steps=1)
+    full = load_config(EAGLE1, common + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "full", **train_kw))
+    full_result = train(full)
+    assert full_result.finished and full_result.step == 6
+
+    part_kw = dict(train_kw, stop_after=3)
+    first = load_config(EAGLE1, common + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "part", **part_kw))
+    stopped = train(first)
+    assert not stopped.finished and stopped.step == 3
+    assert not (tmp_path / "part" / "model.safetensors").exists()  # no final head from a stopped run
+    assert latest_checkpoint(tmp_path / "part").name == "step-00000003"
+
+    (tmp_path / "part" / "checkpoints" / ".tmp-step-00000005").mkdir()  # a save killed half-way is ignored
+    resumed_kw = dict(train_kw, resume="auto")
+    second = load_config(
+        EAGLE1, common + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "part", **resumed_kw)
+    )
+    resumed = train(second)
+    assert resumed.finished and resumed.step == 6
+
+    expected, found = _weights(tmp_path / "full"), _weights(tmp_path / "part")
+    assert expected.keys() == found.keys()
+    for name in expected:
+        torch.testing.assert_close(found[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert [p.name for p in completed_checkpoints(tmp_path / "part")] == ["step-00000006"]  # keep_last=1
+
+    target, _ = load_target(tiny_target_dir)
+    head = load_head(tmp_path / "part", target)
+    assert head.version == 1
+    assert "## Training" in (tmp_path / "part" / "README.md").read_text()
