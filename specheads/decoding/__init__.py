@@ -1,1 +1,66 @@
-"""How draft heads are used: tree, draft, verify, accept, cache commit, generate."""
+"""How draft heads are used: tree, draft, verify, accept, cache commit, generate.
+
+from specheads.decoding import SpeculativeGenerator, MedusaDrafter, load_tree
+generator = SpeculativeGenerator(target, tokenizer, MedusaDrafter(heads, load_tree("configs/trees/small10.json")))
+result = generator.generate("Why is the sky blue?", max_new_tokens=128)
+print(result.text, result.stats.summary())
+"""
+
+from specheads.decoding.accept import (
+    LOSSY_ACCEPTANCE,
+    AcceptResult,
+    accept_greedy,
+    accept_speculative,
+    accept_typical,
+)
+from specheads.decoding.draft import (
+    Drafter,
+    DraftTree,
+    MedusaDrafter,
+    PromptLookupDrafter,
+    Sampling,
+)
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import GenerationResult, GenerationStats, SpeculativeGenerator
+from specheads.decoding.kv_cache import commit_path
+from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.sampling import warp_logits_to_probs
+from specheads.decoding.tree import (
+    CompiledTree,
+    DynamicTreeConfig,
+    StaticTree,
+    chain_tree,
+    compile_tree,
+    load_tree,
+    static_tree,
+)
+from specheads.decoding.verify import Verification, verify_tree
+
+__all__ = [
+    "LOSSY_ACCEPTANCE",
+    "AcceptResult",
+    "CompiledTree",
+    "DraftModelDrafter",
+    "DraftTree",
+    "Drafter",
+    "DynamicTreeConfig",
+    "EagleTreeDrafter",
+    "GenerationResult",
+    "GenerationStats",
+    "MedusaDrafter",
+    "PromptLookupDrafter",
+    "Sampling",
+    "SpeculativeGenerator",
+    "StaticTree",
+    "Verification",
+    "accept_greedy",
+    "accept_speculative",
+    "accept_typical",
+    "chain_tree",
+    "commit_path",
+    "compile_tree",
+    "load_tree",
+    "static_tree",
+    "verify_tree",
+    "warp_logits_to_probs",
+]

@@ -89,7 +89,11 @@ class EagleTreeDrafter:
             mask = _drafter_mask(new_rows, prefix, state.hidden.dtype)
             positions = torch.full((1, nodes.numel()), prefix + depth - 2, device=device)
             hidden, logits = head(
-                parent_hidden[:, pick], all_tokens[nodes].unsqueeze(0), positions, attention_mask=mask, cache=state.cache
+                parent_hidden[:, pick],
+                all_tokens[nodes].unsqueeze(0),
+                positions,
+                attention_mask=mask,
+                cache=state.cache,
             )
             q = sampling.probs(logits[0])  # (k', Vd)
             ids, child_scores = draw_children(q, cfg.top_k, sampling.greedy, state.generator)  # (k', k)

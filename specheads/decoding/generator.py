@@ -104,6 +104,7 @@ class RequestState:
     generator: torch.Generator | None
     stats: GenerationStats
     text: str = ""
+    streamed: str = ""  # the prefix of text already passed to the stream callback
 
 
 class SpeculativeGenerator:
@@ -175,14 +176,16 @@ class SpeculativeGenerator:
             # 4. commit: keep the path in the target cache, tell the drafter what the target saw
             commit_path(req.cache, prefix_len, path)
             fed_tokens = tree.tokens[path]
-            if self.drafter is not None:
+            t3 = time.perf_counter()
+            if self.drafter is not None:  # drafter work (e.g. EAGLE re-feeds the path), timed as drafting
                 hidden = select_rows(verification.hidden_states, path) if self.layer_ids else None
                 self.drafter.observe(req.drafter_state, fed_tokens, hidden, result.next_token)
             req.root = result.next_token
             # 5. emit the accepted tokens and the bonus token; stop at EOS / stop strings / max_new_tokens
+            t4 = time.perf_counter()
             self.emit(req, fed_tokens[1:].tolist() + [result.next_token], max_new_tokens, stop, stream)
-            req.stats.draft_s += t1 - t0
-            req.stats.verify_s += t2 - t1
+            req.stats.draft_s += (t1 - t0) + (t4 - t3)
+            req.stats.verify_s += t2 - t1  # on a GPU, add a sync before t2 to time the forward itself
         req.stats.total_s = time.perf_counter() - start
         req.stats.bookkeeping_s = req.stats.total_s - req.stats.draft_s - req.stats.verify_s
         return GenerationResult(text=req.text, token_ids=list(req.output), stats=req.stats)
@@ -247,9 +250,12 @@ class SpeculativeGenerator:
         text = self.tokenizer.decode(req.output, skip_special_tokens=True)
         if req.stats.stop_reason == "stop_string":
             text = _cut_after_stop(text, stop)
-        if stream is not None and text.startswith(req.text) and len(text) > len(req.text):
-            stream(text[len(req.text) :])
         req.text = text
+        # Hold back a trailing partial UTF-8 character (decoded as U+FFFD) until its next byte arrives.
+        ready = text if req.stats.stop_reason else text.rstrip("\ufffd")
+        if stream is not None and ready.startswith(req.streamed) and len(ready) > len(req.streamed):
+            stream(ready[len(req.streamed) :])
+            req.streamed = ready
 
     def encode(self, prompt: Prompt) -> torch.Tensor:
         """Token ids (T,) of a prompt; errors for empty, batched or over-long prompts."""
@@ -273,7 +279,9 @@ class SpeculativeGenerator:
                 )
             ids = ids[0]
         if ids.dim() != 1 or ids.numel() == 0:
-            raise ValueError(f"the prompt is empty or malformed (token ids of shape {tuple(ids.shape)}); pass text or ids")
+            raise ValueError(
+                f"the prompt is empty or malformed (token ids of shape {tuple(ids.shape)}); pass text or ids"
+            )
         if self.max_context and ids.numel() >= self.max_context:
             raise ValueError(
                 f"the prompt has {ids.numel()} tokens but the target's context is {self.max_context} tokens "

@@ -41,7 +41,9 @@ class DraftModelDrafter:
 
     def __init__(self, head, draft_length: int = 4, min_length: int = 1, max_length: int = 8) -> None:
         if not 1 <= min_length <= draft_length <= max_length:
-            raise ValueError(f"need 1 <= min_length <= draft_length <= max_length, got {min_length, draft_length, max_length}")
+            raise ValueError(
+                f"need 1 <= min_length <= draft_length <= max_length, got {min_length, draft_length, max_length}"
+            )
         self.model = head.model
         self.draft_length, self.min_length, self.max_length = draft_length, min_length, max_length
         self.layer_ids = []

@@ -54,7 +54,7 @@ class CompiledTree:
 
 @dataclass(frozen=True)
 class StaticTree:
-    """A tree shape proposed by per-depth top-k guesses (Medusa): node i takes guess ``ranks[i]`` of depth ``depths[i]``.
+    """A tree shape proposed by per-depth top-k guesses (Medusa): node i is guess ``ranks[i]`` at depth ``depths[i]``.
 
     ``choices`` keeps the Medusa paths sorted by (depth, path) so parents come before children and siblings are
     ordered by rank.

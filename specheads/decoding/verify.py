@@ -57,8 +57,6 @@ def verify_tree(
     return Verification(logits=out.logits[0], hidden_states=out.hidden_states if layer_ids else None)
 
 
-def select_rows(
-    hidden_states: tuple[torch.Tensor | None, ...], rows: torch.Tensor
-) -> tuple[torch.Tensor | None, ...]:
+def select_rows(hidden_states: tuple[torch.Tensor | None, ...], rows: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """Keep only the given node rows (e.g. the accepted path) of every returned hidden state: (1, n, H) -> (1, r, H)."""
     return tuple(None if h is None else h[:, rows] for h in hidden_states)

@@ -9,9 +9,11 @@ with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -45,6 +47,43 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)  # every eval, step 0 = the untrained head
     finished: bool = True  # False when stopped by ``train.stop_after`` (no final head saved)
     checksum: float = 0.0  # of this rank's trainable weights: ranks of a data-parallel run must agree
+    target_tokens_per_s: float = 0.0  # non-padding tokens trained on per second, all ranks, eval/saves excluded
+
+
+class Throughput:
+    """Training throughput in target tokens (non-padding positions) per second, summed over ranks.
+
+    Tokens are counted as tensors and only read at log boundaries; eval and checkpoint time is excluded.
+    """
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.tokens = torch.zeros((), dtype=torch.float64, device=accelerator.device)
+        self.start = time.perf_counter()
+        self.total_tokens = 0.0
+        self.total_seconds = 0.0
+
+    def count(self, batch: Any) -> None:
+        data = batch[0] if isinstance(batch, (tuple, list)) else batch
+        self.tokens += data["attention_mask"].sum()
+
+    def window_rate(self) -> float:
+        seconds = time.perf_counter() - self.start
+        tokens = self.accelerator.reduce(self.tokens.clone(), reduction="sum").item()
+        self.total_tokens += tokens
+        self.total_seconds += seconds
+        self.tokens.zero_()
+        self.start = time.perf_counter()
+        return tokens / max(seconds, 1e-9)
+
+    def overall_rate(self) -> float:
+        return self.total_tokens / max(self.total_seconds, 1e-9)
+
+    @contextlib.contextmanager
+    def paused(self):
+        stopped = time.perf_counter()
+        yield
+        self.start += time.perf_counter() - stopped
 
 
 def weights_checksum(module: torch.nn.Module) -> float:
@@ -124,7 +163,7 @@ def _with_tau(metrics: dict[str, float], prefix: str) -> dict[str, float]:
     return {**metrics, f"{prefix}tau": chain_tau(acceptance)} if acceptance else metrics
 
 
-def evaluate(accelerator, objective, loader, features: FeatureSource, step: int, max_batches: int | None):
+def evaluate(accelerator, objective, loader, features: FeatureSource, max_batches: int | None):
     """Held-out per-head/per-step accuracy, loss, and the simulated chain tau."""
     objective.eval()
     totals: Stats = {}
@@ -132,7 +171,7 @@ def evaluate(accelerator, objective, loader, features: FeatureSource, step: int,
         for index, batch in enumerate(loader):
             if max_batches is not None and index >= max_batches:
                 break
-            loss, stats = objective(*features(batch), step)
+            loss, stats = objective(*features(batch), 0)
             stats["loss"] = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)])
             add_stats(totals, stats)
     objective.train()
@@ -232,15 +271,17 @@ def train(
     history: list[dict[str, float]] = []
 
     def run_eval() -> dict[str, float]:
-        metrics = evaluate(accelerator, objective, eval_loader, features, step, tc.eval_batches)
+        metrics = evaluate(accelerator, objective, eval_loader, features, tc.eval_batches)
         history.append({"step": step, **metrics})
         accelerator.log(metrics, step=step)
         return metrics
 
     metrics = run_eval() if tc.eval_every and step == 0 else {}
     micro_per_epoch = len(train_loader)
-    epoch, skip = divmod(step * tc.grad_accum, micro_per_epoch)
+    micro = step * tc.grad_accum  # micro-batches consumed so far
+    epoch, skip = divmod(micro, micro_per_epoch)
     window: Stats = {}
+    throughput = Throughput(accelerator)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (tc.progress_bar and accelerator.is_main_process))
     stopped = False
     objective.train()
@@ -249,8 +290,11 @@ def train(
         batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
         skip = 0
         for batch in batches:
+            throughput.count(batch)
+            draw = micro * accelerator.num_processes + accelerator.process_index
+            micro += 1
             with accelerator.accumulate(objective):
-                loss, stats = objective(*features(batch), step)
+                loss, stats = objective(*features(batch), draw)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and tc.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(params, tc.max_grad_norm)
@@ -266,14 +310,17 @@ def train(
             if step % tc.log_every == 0 or step == tc.max_steps:
                 logged = {f"train/{k}": v for k, v in _reduce_stats(accelerator, window).items()}
                 logged["train/lr"] = scheduler.get_last_lr()[0]
+                logged["train/target_tokens_per_s"] = throughput.window_rate()
                 accelerator.log(_with_tau(logged, "train/"), step=step)
                 bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **_bar_fields(metrics))
                 window = {}
             if tc.eval_every and (step % tc.eval_every == 0 or step == tc.max_steps):
-                metrics = run_eval()
+                with throughput.paused():
+                    metrics = run_eval()
                 bar.set_postfix(**_bar_fields(metrics))
             if tc.save_every and step % tc.save_every == 0:
-                save_checkpoint(accelerator, out, step, tc.keep_last)
+                with throughput.paused():
+                    save_checkpoint(accelerator, out, step, tc.keep_last)
             if tc.stop_after is not None and step >= tc.stop_after:
                 stopped = True
             if stopped or step >= tc.max_steps:
@@ -286,7 +333,7 @@ def train(
     finished = not (stopped and step < tc.max_steps)
     if finished:
         _save_final(accelerator, objective, cfg, target, metrics, out)
-    return TrainResult(out, step, metrics, history, finished=finished, checksum=checksum)
+    return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
 
 
 def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:

@@ -4,6 +4,9 @@ An objective owns the trainable parts (the head; for Medusa-2 also the target's 
 DDP/FSDP/DeepSpeed wrap exactly those. The frozen target is never a submodule: features are computed outside the
 objective (online under ``no_grad``, or read from an offline cache) and passed in. Medusa-2 is the exception: its
 adapted target must run with gradients, so that objective runs it itself.
+
+``forward(batch, features, draw)``: ``draw`` is a unique index of the micro-batch over steps and ranks; objectives
+that add noise seed it from ``draw``, so noise does not depend on the global RNG's history (resume-safe).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class MedusaObjective(nn.Module):
     def needs_logits(self) -> bool:
         return self.soft_labels
 
-    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
         hidden = features.hidden_states[self.head.layer_ids[0]].to(_param_dtype(self.head))  # (B, T, H)
         logits = self.head(hidden)  # (K, B, T, V)
         target = target_distribution(features) if self.soft_labels else None
@@ -79,7 +82,7 @@ class Medusa2Objective(nn.Module):
     needs_logits = False
     runs_target = True
 
-    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad(), self.adapted.disable_adapter():
             original = TargetDistribution.from_logits(
@@ -106,13 +109,13 @@ class Eagle1Objective(nn.Module):
         self.loss_cfg = loss
         self.seed = seed
 
-    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
         fused = self.head.fuse(hidden_states_tuple(features.hidden_states)).to(_param_dtype(self.head))  # (B, T, H)
         inputs = fused[:, :-1]
         noise = self.loss_cfg.input_noise
         if self.training and noise > 0:
-            # Seeded by the step, not the global RNG, so a resumed run draws the same noise as an uninterrupted one.
-            generator = torch.Generator(device=inputs.device).manual_seed(self.seed * 1_000_003 + step)
+            # Seeded by the micro-batch's draw index, not the global RNG: a resumed run draws the same noise.
+            generator = torch.Generator(device=inputs.device).manual_seed(self.seed * 1_000_003 + draw)
             uniform = torch.rand(inputs.shape, generator=generator, device=inputs.device, dtype=inputs.dtype)
             inputs = inputs + (2 * uniform - 1) * noise
         length = inputs.shape[1]
@@ -143,7 +146,7 @@ class Eagle3Objective(nn.Module):
         self.steps = loss.ttt_steps
         self.decay = loss.decay
 
-    def forward(self, batch: dict[str, torch.Tensor], features: Any, step: int) -> tuple[torch.Tensor, Stats]:
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
         fused = self.head.fuse(
             [None if h is None else h.to(_param_dtype(self.head)) for h in hidden_states_tuple(features.hidden_states)]
         )

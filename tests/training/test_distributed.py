@@ -28,8 +28,8 @@ def _free_port() -> int:
 @pytest.mark.parametrize(
     "launch_config, head_config",
     [
-        ("cpu-2proc.yaml", "configs/eagle3/smollm2-135m.yaml"),
-        ("deepspeed-zero2.yaml", "configs/medusa/smollm2-135m.yaml"),
+        ("cpu-2proc.yaml", "eagle3"),
+        ("deepspeed-zero2.yaml", "medusa"),
     ],
     ids=["ddp", "deepspeed-zero2"],
 )
@@ -37,12 +37,13 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     out = tmp_path / "run"
     overrides = tiny_overrides(
         tiny_target_dir, small_chat_file, out, max_steps=3, batch_size=2, eval_every=3, save_every=2
-    ) + ["head.options.draft_vocab_size=null", "loss.ttt_steps=2"] * ("eagle3" in head_config)
+    ) + ["head.options.draft_vocab_size=null", "loss.ttt_steps=2"] * (head_config == "eagle3")
+    config_file = REPO / "configs" / head_config / "smollm2-135m.yaml"
     command = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(REPO / "configs" / "accelerate" / launch_config),
         "--num_processes", "2", "--main_process_port", str(_free_port()),
-        str(REPO / "tests" / "training" / "launch_train.py"), head_config, str(tmp_path), *overrides,
+        str(REPO / "tests" / "training" / "launch_train.py"), str(config_file), str(tmp_path), *overrides,
     ]  # fmt: skip
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import safetensors.torch
 import torch
-from conftest import tiny_overrides
+from conftest import REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target
@@ -12,7 +12,7 @@ from specheads.training.checkpoint import completed_checkpoints, latest_checkpoi
 from specheads.training.config import load_config
 from specheads.training.loop import train
 
-EAGLE1 = "configs/eagle1/smollm2-135m.yaml"
+EAGLE1 = REPO / "configs" / "eagle1" / "smollm2-135m.yaml"
 
 
 def _weights(folder) -> dict[str, torch.Tensor]:

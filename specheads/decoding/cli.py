@@ -1,0 +1,130 @@
+"""``specheads generate``: stream a speculative (or plain) generation to the terminal, then print its stats.
+
+    specheads generate --target smollm2-135m-instruct --head DIR --prompt "..." [--tree small10|FILE|chain|dynamic]
+
+Tree settings: a tree file or the name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D``
+(every head type: one path of D tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K
+expansion, N nodes kept). No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import HfArgumentParser
+
+from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
+from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
+
+TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
+DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying 64 nodes costs ~3.5x one decode step
+DEFAULT_DRAFT_LENGTH = 4
+
+
+@dataclass
+class GenerateArgs:
+    """Options of ``specheads generate`` (dashes or underscores both work: ``--max-new-tokens``)."""
+
+    prompt: str = field(metadata={"help": "user message (chat-templated when the tokenizer has a template)"})
+    target: str = field(default="smollm2-135m-instruct", metadata={"help": "target name, model dir or .gguf"})
+    head: str | None = field(default=None, metadata={"help": "saved head folder (none = plain decoding)"})
+    prompt_lookup: bool = field(default=False, metadata={"help": "draft with n-gram prompt lookup (no head)"})
+    tree: str | None = field(default=None, metadata={"help": "tree file/name, chain[:D] or dynamic[:D,K,N]"})
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    acceptance: str = field(default="speculative", metadata={"help": f"one of {ACCEPTANCE_RULES}; typical is LOSSY"})
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list, metadata={"help": "stop strings"})
+    raw: bool = field(default=False, metadata={"help": "feed the prompt without the chat template"})
+
+
+def generate_main(argv: list[str] | None = None) -> int:
+    parser = HfArgumentParser(GenerateArgs)
+    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    if args.head and args.prompt_lookup:
+        parser.error("--head and --prompt-lookup are exclusive: pick one drafter")
+    from specheads.target import load_target
+
+    target, tokenizer = load_target(args.target)
+    drafter = None
+    if args.prompt_lookup:
+        drafter = PromptLookupDrafter()
+    elif args.head:
+        from specheads.heads import load_head
+
+        drafter = build_drafter(load_head(args.head, target), args.tree)
+    generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance)
+    prompt: Any = args.prompt
+    if args.raw:
+        prompt = tokenizer(args.prompt, return_tensors="pt").input_ids
+    result = generator.generate(
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        stop=args.stop,
+        seed=args.seed,
+        stream=lambda piece: print(piece, end="", flush=True),
+    )
+    print()
+    print(f"[{describe(drafter, args)}] {result.stats.summary()}", file=sys.stderr)
+    return 0
+
+
+def build_drafter(head: Any, tree: str | None) -> Any:
+    """A drafter for a loaded head and a tree setting (see the module docstring)."""
+    kind = head.head_type
+    if tree is not None and tree.split(":")[0] == "chain":
+        depth = int(tree.split(":")[1]) if ":" in tree else _default_depth(head)
+        if kind == "medusa":
+            return MedusaDrafter(head, chain_tree(depth))
+        if kind == "eagle":
+            return EagleTreeDrafter(head, DynamicTreeConfig(depth, 1, depth))
+        return DraftModelDrafter(head, depth, min_length=depth, max_length=depth)
+    if kind == "eagle":
+        if tree is None or tree == "dynamic":
+            return EagleTreeDrafter(head, DynamicTreeConfig())
+        if not tree.startswith("dynamic:"):
+            raise ValueError(f"EAGLE heads take --tree chain[:D] or dynamic[:D,K,N]; got {tree!r}")
+        depth, top_k, total = (int(x) for x in tree.removeprefix("dynamic:").split(","))
+        return EagleTreeDrafter(head, DynamicTreeConfig(depth, top_k, total))
+    if kind == "medusa":
+        return MedusaDrafter(head, load_tree(_tree_file(tree or DEFAULT_MEDUSA_TREE)))
+    if kind == "draft_model":
+        if tree is not None:
+            raise ValueError(f"a draft model drafts an adaptive chain: use --tree chain:D or no --tree; got {tree!r}")
+        return DraftModelDrafter(head, DEFAULT_DRAFT_LENGTH)
+    raise ValueError(f"unknown head type {kind!r}")
+
+
+def _default_depth(head: Any) -> int:
+    return head.num_heads if head.head_type == "medusa" else DEFAULT_DRAFT_LENGTH
+
+
+def _tree_file(tree: str) -> Path:
+    path = Path(tree) if Path(tree).is_file() else TREES_DIR / f"{tree.removesuffix('.json')}.json"
+    if not path.is_file():
+        known = sorted(p.stem for p in TREES_DIR.glob("*.json"))
+        raise ValueError(f"Medusa tree {tree!r} is neither a file nor one of {known}; or use chain[:D]")
+    return path
+
+
+def describe(drafter: Any, args: GenerateArgs) -> str:
+    if drafter is None:
+        return "plain decoding"
+    return f"{type(drafter).__name__}, tree {args.tree or 'default'}, {'T=' + str(args.temperature)}"
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    raise SystemExit(generate_main())

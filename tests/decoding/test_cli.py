@@ -1,0 +1,46 @@
+"""``specheads generate``: plain decoding, a saved head, prompt lookup; tree settings for every head type."""
+
+from __future__ import annotations
+
+import pytest
+
+from specheads.decoding.cli import build_drafter, generate_main
+from specheads.decoding.draft import MedusaDrafter
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+
+pytestmark = pytest.mark.slow
+
+
+def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
+    model, _ = smollm2
+    MedusaHeads(MedusaConfig(num_heads=2, share_lm_head=True), model).save_pretrained(tmp_path / "medusa")
+    common = ["--prompt", "Name a colour.", "--max-new-tokens", "6"]
+    assert generate_main(common) == 0
+    plain = capsys.readouterr()
+    assert "plain decoding" in plain.err and "tau 1.00" in plain.err and plain.out.strip()
+    assert generate_main([*common, "--head", str(tmp_path / "medusa"), "--tree", "chain:2"]) == 0
+    medusa = capsys.readouterr()
+    assert medusa.out == plain.out and "MedusaDrafter" in medusa.err  # greedy: same text
+    assert generate_main([*common, "--prompt-lookup", "--temperature", "0.8", "--seed", "3"]) == 0
+    assert "PromptLookupDrafter" in capsys.readouterr().err
+
+
+def test_build_drafter_tree_settings(tiny_llama):
+    medusa = MedusaHeads(MedusaConfig(num_heads=4), tiny_llama)
+    assert isinstance(build_drafter(medusa, None), MedusaDrafter)
+    assert build_drafter(medusa, "medusa60").tree.num_nodes == 61
+    assert build_drafter(medusa, "chain").tree.num_nodes == 5
+    eagle = EagleDrafter(EagleConfig(version=1), tiny_llama)
+    assert build_drafter(eagle, None).tree.total_tokens == 60
+    assert build_drafter(eagle, "dynamic:4,3,10").tree.top_k == 3
+    assert build_drafter(eagle, "chain:3").tree.top_k == 1
+    draft = DraftModel.from_target(tiny_llama, 1)
+    assert isinstance(build_drafter(draft, None), DraftModelDrafter)
+    assert build_drafter(draft, "chain:2").max_length == 2
+    with pytest.raises(ValueError, match="neither a file"):
+        build_drafter(medusa, "no-such-tree")
+    with pytest.raises(ValueError, match="EAGLE"):
+        build_drafter(eagle, "small10")
+    assert isinstance(build_drafter(eagle, "dynamic"), EagleTreeDrafter)

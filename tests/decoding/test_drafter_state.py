@@ -1,0 +1,76 @@
+"""Drafter caches after a step equal a fresh run over the committed tokens; the draft model adapts its length."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from specheads.decoding.draft import PromptLookupDrafter, Sampling, lookup_continuation
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.tree import DynamicTreeConfig
+from specheads.heads import DraftModel, EagleConfig, EagleDrafter
+
+PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
+
+
+def _assert_same_cache(ours: DynamicCache, theirs: DynamicCache) -> None:
+    assert ours.get_seq_length() == theirs.get_seq_length()
+    for a, b in zip(ours.layers, theirs.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.values, b.values, atol=1e-5, rtol=1e-5)
+
+
+@torch.inference_mode()
+def test_eagle_cache_after_a_step_equals_a_fresh_start(tiny_llama):
+    torch.manual_seed(0)
+    for version in (1, 3):
+        drafter = EagleTreeDrafter(
+            EagleDrafter(EagleConfig(version=version), tiny_llama).eval(), DynamicTreeConfig(3, 2, 5)
+        )
+        layers = drafter.layer_ids
+        hidden = tiny_llama(input_ids=PROMPT.unsqueeze(0), output_hidden_states=layers).hidden_states
+        state = drafter.begin(PROMPT, hidden, 11, Sampling(), None)
+        tree = drafter.propose(state)
+        child = int(torch.nonzero(tree.parents == 0)[0])
+        grandchild = int(torch.nonzero(tree.parents == child)[0])
+        fed = tree.tokens[[0, child, grandchild]]  # pretend the target accepted root -> child -> grandchild
+        sequence = torch.cat([PROMPT, fed])
+        full = tiny_llama(input_ids=sequence.unsqueeze(0), output_hidden_states=layers).hidden_states
+        rows = tuple(None if h is None else h[:, PROMPT.numel() :] for h in full)
+        drafter.observe(state, fed, rows, 23)
+        fresh = drafter.begin(sequence, full, 23, Sampling(), None)
+        _assert_same_cache(state.cache, fresh.cache)
+        torch.testing.assert_close(state.logits, fresh.logits, atol=1e-4, rtol=1e-4)
+        assert state.cache_len == sequence.numel()
+
+
+@torch.inference_mode()
+def test_draft_model_cache_and_adaptive_length(tiny_llama):
+    drafter = DraftModelDrafter(DraftModel.from_target(tiny_llama, 1).eval(), draft_length=3, max_length=4)
+    state = drafter.begin(PROMPT, None, 11, Sampling(), None)
+    tree = drafter.propose(state)
+    assert tree.num_nodes == 4 and tree.parents.tolist() == [-1, 0, 1, 2]
+    drafter.observe(state, tree.tokens, None, 7)  # everything accepted: grow
+    assert state.draft_length == 4 and state.pending == tree.tokens[-1:].tolist()
+    committed = torch.cat([PROMPT, tree.tokens[:-1]])  # the last drafted token was never fed to the draft model
+    reference = DynamicCache(config=drafter.model.config)
+    drafter.model(input_ids=committed.unsqueeze(0), cache=reference, use_cache=True)
+    _assert_same_cache(state.cache, reference)
+    tree = drafter.propose(state)
+    assert tree.num_nodes == 5 and tree.tokens[0] == 7
+    drafter.observe(state, tree.tokens[:1], None, 9)  # rejected at once: shrink
+    assert state.draft_length == 3 and state.pending == []
+    assert state.cache.get_seq_length() == committed.numel() + 2  # + the pending token and the old root
+
+
+def test_prompt_lookup_finds_latest_match():
+    context = torch.tensor([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3])
+    assert lookup_continuation(context, 2, max_ngram=3, min_ngram=1).tolist() == [5, 6]
+    assert lookup_continuation(torch.tensor([1, 2, 3]), 2, 3, 1).tolist() == []
+    drafter = PromptLookupDrafter(num_tokens=3)
+    state = drafter.begin(torch.tensor([4, 5, 6, 7, 4]), None, 5, Sampling(), None)
+    tree = drafter.propose(state)
+    assert tree.tokens.tolist() == [5, 6, 7, 4] and tree.draft_probs is None
+    drafter.observe(state, tree.tokens[:2], None, 8)
+    assert state.context == [4, 5, 6, 7, 4, 5, 6, 8]

@@ -1,0 +1,141 @@
+"""Generator contracts: stop conditions, errors, and sampled generation on every drafter (tiny random Llama)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter, Sampling
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.tree import DynamicTreeConfig, static_tree
+from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from tests.decoding.helpers import TinyTokenizer
+
+PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
+
+
+DRAFTERS = ["medusa", "eagle1", "eagle3", "eagle3-d2t", "draft_model", "lookup"]
+
+
+@pytest.fixture
+def tiny_llama(tiny_llama):
+    """The tiny random Llama without an EOS token, so runs last exactly max_new_tokens unless a test sets one."""
+    tiny_llama.generation_config.eos_token_id = None
+    return tiny_llama
+
+
+def tiny_drafters(target) -> dict[str, object]:
+    torch.manual_seed(0)
+    return {
+        "medusa": MedusaDrafter(
+            MedusaHeads(MedusaConfig(num_heads=3), target).eval(), static_tree([[0], [1], [0, 0], [0, 0, 0]])
+        ),
+        "eagle1": EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), target).eval(), DynamicTreeConfig(3, 3, 8)),
+        "eagle3": EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 5)),
+        "eagle3-d2t": EagleTreeDrafter(
+            EagleDrafter(EagleConfig(version=3, draft_vocab_size=64), target, d2t=torch.arange(0, 128, 2)).eval(),
+            DynamicTreeConfig(3, 2, 5),
+        ),
+        "draft_model": DraftModelDrafter(DraftModel.from_target(target, 1).eval(), draft_length=3),
+        "lookup": PromptLookupDrafter(num_tokens=4),
+    }
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_sampled_generation_is_valid_and_reproducible(tiny_llama, name):
+    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), tiny_drafters(tiny_llama)[name])
+    first = generator.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=123)
+    again = generator.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=123)
+    assert len(first.token_ids) == 20 and all(0 <= t < 128 for t in first.token_ids)
+    assert first.token_ids == again.token_ids
+    assert first.stats.acceptance == "speculative" and not first.stats.lossy
+    assert first.stats.new_tokens == 20 and first.stats.target_forwards <= 20
+    other = generator.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=7)
+    assert other.token_ids != first.token_ids  # 20 tokens from a ~uniform 128-way model: a clash is ~impossible
+
+
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_greedy_matches_plain_decoding_on_tiny(tiny_llama, name):
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=24)
+    ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), tiny_drafters(tiny_llama)[name]).generate(
+        PROMPT, max_new_tokens=24
+    )
+    assert ours.token_ids == plain.token_ids
+    assert ours.stats.new_tokens == 24 and ours.stats.tau >= 1.0
+
+
+def test_typical_acceptance_is_labelled_lossy(tiny_llama):
+    drafter = tiny_drafters(tiny_llama)["medusa"]
+    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter, acceptance="typical")
+    result = generator.generate(PROMPT, max_new_tokens=8, temperature=0.7, seed=0)
+    assert result.stats.lossy and result.stats.acceptance == "typical" and len(result.token_ids) == 8
+    assert "LOSSY" in result.stats.summary()
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 13])
+def test_never_more_than_max_new_tokens(tiny_llama, max_new_tokens):
+    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), PromptLookupDrafter(num_tokens=8))
+    repetitive = torch.tensor([4, 5, 6, 7] * 6)
+    result = generator.generate(repetitive, max_new_tokens=max_new_tokens)
+    assert len(result.token_ids) == max_new_tokens and result.stats.stop_reason == "max_new_tokens"
+
+
+def test_stops_at_eos_and_keeps_it(tiny_llama):
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12).token_ids
+    eos = plain[5]
+    tokenizer = TinyTokenizer()
+    tokenizer.eos_token_id = eos
+    result = SpeculativeGenerator(tiny_llama, tokenizer, PromptLookupDrafter()).generate(PROMPT, max_new_tokens=12)
+    assert result.token_ids == plain[: plain.index(eos) + 1] and result.stats.stop_reason == "eos"
+
+
+def test_stop_string_cuts_text_and_tokens(tiny_llama):
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12)
+    stop = f" w{plain.token_ids[3]}"
+    streamed = []
+    result = SpeculativeGenerator(tiny_llama, TinyTokenizer(), tiny_drafters(tiny_llama)["eagle1"]).generate(
+        PROMPT, max_new_tokens=12, stop=[stop], stream=streamed.append
+    )
+    first = plain.text.index(stop) + len(stop)
+    assert result.text == plain.text[:first] and result.stats.stop_reason == "stop_string"
+    assert "".join(streamed) == result.text
+    assert result.token_ids == plain.token_ids[: len(result.token_ids)] and len(result.token_ids) <= 4
+
+
+def test_prompt_errors(tiny_llama):
+    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer())
+    with pytest.raises(ValueError, match="empty"):
+        generator.generate("", max_new_tokens=4)
+    with pytest.raises(ValueError, match="empty"):
+        generator.generate(torch.tensor([], dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(ValueError, match="batch"):
+        generator.generate(torch.ones(2, 5, dtype=torch.long), max_new_tokens=4)
+    with pytest.raises(ValueError, match="context"):
+        generator.generate(torch.ones(512, dtype=torch.long), max_new_tokens=4)  # tiny context: 512 positions
+    with pytest.raises(ValueError, match="acceptance"):
+        SpeculativeGenerator(tiny_llama, TinyTokenizer(), acceptance="nope")
+
+
+def test_generation_stops_when_context_is_full(tiny_llama):
+    result = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(torch.ones(508, dtype=torch.long), 50)
+    assert result.stats.stop_reason == "context_full" and len(result.token_ids) <= 4
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3-d2t", "draft_model"])
+def test_sampled_trees_carry_the_q_their_children_came_from(tiny_llama, name):
+    """Every child must be a token its parent's q row could have drawn; q rows are distributions over the target
+    vocabulary, and greedy trees carry no q at all."""
+    drafter = tiny_drafters(tiny_llama)[name]
+    out = tiny_llama(input_ids=PROMPT.unsqueeze(0), output_hidden_states=drafter.layer_ids or None)
+    hidden = out.hidden_states if drafter.layer_ids else None
+    generator = torch.Generator().manual_seed(0)
+    state = drafter.begin(PROMPT, hidden, 11, Sampling(temperature=1.0), generator)
+    tree = drafter.propose(state)
+    assert tree.draft_probs.shape == (tree.num_nodes, 128)
+    parents = tree.parents[1:]
+    assert (tree.draft_probs[parents, tree.tokens[1:]] > 0).all()
+    torch.testing.assert_close(tree.draft_probs[parents].sum(-1), torch.ones(parents.numel()))
+    greedy_state = drafter.begin(PROMPT, hidden, 11, Sampling(), None)
+    assert drafter.propose(greedy_state).draft_probs is None

@@ -1,0 +1,91 @@
+"""The invariant that matters most: greedy speculative output is token-identical to greedy ``target.generate``.
+
+Real target (SmolLM2-135M-Instruct), chat-templated Spec-Bench prompts (tests/decoding/fixtures, 22 varied
+questions: MT-bench categories, translation, summarization, QA, math reasoning), 64 new tokens each. Drafters are
+untrained or random: correctness must not depend on draft quality.
+
+CI budget (2 CPU cores): every prompt's greedy baseline is computed once per session and shared. The cheapest
+drafter (prompt lookup, a chain) runs on all 22 prompts; each other drafter/tree combination runs on 5 prompts
+spread over the categories (Medusa static tree and chain, EAGLE-1 dynamic tree, EAGLE-3 dynamic tree and chain,
+a 4-layer truncated draft model with adaptive chain length).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
+from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+
+pytestmark = pytest.mark.slow
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TREES = Path(__file__).resolve().parents[2] / "configs" / "trees"
+MAX_NEW_TOKENS = 64
+PROMPTS = [json.loads(line)["prompt"] for line in (FIXTURES / "spec_bench_prompts.jsonl").read_text().splitlines()]
+FEW = [0, 5, 9, 16, 19]  # writing, reasoning, coding, translation, math reasoning
+
+
+@pytest.fixture(scope="session")
+def greedy_baseline(smollm2):
+    """prompt index -> (chat-templated ids (T,), greedy new ids from target.generate), computed once per session."""
+    model, tokenizer = smollm2
+
+    @cache
+    def baseline(index: int) -> tuple[torch.Tensor, list[int]]:
+        messages = [{"role": "user", "content": PROMPTS[index]}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"]
+        out = model.generate(ids, do_sample=False, max_new_tokens=MAX_NEW_TOKENS, attention_mask=torch.ones_like(ids))
+        return ids[0], out[0, ids.shape[1] :].tolist()
+
+    return baseline
+
+
+def make_drafter(name: str, target):
+    torch.manual_seed(0)  # random drafters, but the same ones on every run
+    if name == "medusa-tree":
+        return MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=4), target).eval(), load_tree(TREES / "small10.json"))
+    if name == "medusa-chain":
+        return MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=3), target).eval(), chain_tree(3))
+    if name == "eagle1-dynamic":
+        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), target).eval(), DynamicTreeConfig(3, 3, 8))
+    if name == "eagle3-dynamic":
+        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 6))
+    if name == "eagle3-chain":
+        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 1, 3))
+    if name == "draft-model":
+        return DraftModelDrafter(DraftModel.from_target(target, 4).eval(), draft_length=3)
+    if name == "prompt-lookup":
+        return PromptLookupDrafter(num_tokens=6)
+    raise KeyError(name)
+
+
+def check_equivalence(smollm2, greedy_baseline, drafter_name: str, indices: list[int]) -> None:
+    model, tokenizer = smollm2
+    generator = SpeculativeGenerator(model, tokenizer, make_drafter(drafter_name, model))
+    for index in indices:
+        ids, expected = greedy_baseline(index)
+        result = generator.generate(ids, max_new_tokens=MAX_NEW_TOKENS)
+        assert result.token_ids == expected, f"{drafter_name} diverged from greedy generate on prompt {index}"
+        assert result.stats.target_forwards <= len(expected)
+
+
+def test_prompt_lookup_all_prompts(smollm2, greedy_baseline):
+    check_equivalence(smollm2, greedy_baseline, "prompt-lookup", list(range(len(PROMPTS))))
+
+
+@pytest.mark.parametrize(
+    "drafter_name",
+    ["medusa-tree", "medusa-chain", "eagle1-dynamic", "eagle3-dynamic", "eagle3-chain", "draft-model"],
+)
+def test_drafters_few_prompts(smollm2, greedy_baseline, drafter_name):
+    check_equivalence(smollm2, greedy_baseline, drafter_name, FEW)

@@ -1,0 +1,86 @@
+"""Trackers: a wandb offline run writes its run folder with the logged metrics (read back from the run file)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from conftest import REPO, tiny_overrides
+
+from specheads.training.config import load_config
+from specheads.training.loop import train
+from specheads.training.tracking import tracker_setup, wandb_mode
+
+MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+
+
+def read_wandb_history(run_file: Path) -> list[dict[str, float]]:
+    """The history rows of a ``run-*.wandb`` file (LevelDB-style log of protobuf ``Record``s, 32 KiB blocks)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = run_file.read_bytes()
+    assert data[:4] == b":W&B", f"{run_file} is not a wandb run file"
+    block, pos, pending, rows = 32 * 1024, 7, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a record header never straddles a block: the tail is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        pending = chunk if kind in (1, 2) else pending + chunk  # 1 full, 2 first, 3 middle, 4 last
+        if kind not in (1, 4):
+            continue
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(pending)
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
+    return rows
+
+
+def test_wandb_offline_run_records_the_metrics(tiny_target_dir, small_chat_file, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    cfg = load_config(
+        MEDUSA,
+        ["train.log_with=wandb", "head.options.num_heads=2"]
+        + tiny_overrides(tiny_target_dir, small_chat_file, out, max_steps=2, eval_every=2, eval_batches=1),
+    )
+    result = train(cfg)
+    runs = list((out / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1, list(out.rglob("*"))
+    history = read_wandb_history(runs[0])
+    by_step = {}
+    for row in history:
+        by_step.setdefault(row["_step"], {}).update(row)
+    assert {0, 1, 2} <= set(by_step)
+    assert "eval/tau" in by_step[0] and "eval/top1/head1" in by_step[0]  # the untrained head, before step 1
+    assert by_step[2]["eval/tau"] == result.metrics["eval/tau"]
+    assert "train/loss" in by_step[1] and "train/lr" in by_step[2]
+
+
+def test_wandb_is_offline_without_a_key(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "secret-key-value")
+    assert wandb_mode() == "online"
+    cfg = load_config(MEDUSA, ["train.log_with=wandb", f"train.output_dir={tmp_path}"])
+    _, init_kwargs = tracker_setup(cfg)
+    assert "secret-key-value" not in repr(init_kwargs)
+
+
+def test_tensorboard_writes_event_files(tiny_target_dir, small_chat_file, tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(
+        MEDUSA,
+        ["train.log_with=tensorboard", "head.options.num_heads=1"]
+        + tiny_overrides(tiny_target_dir, small_chat_file, out, max_steps=1),
+    )
+    train(cfg)
+    assert list((out / "logs").rglob("events.out.tfevents.*"))
