@@ -21,6 +21,7 @@ from specheads.bench.methods import Method, hf_method, specheads_method
 from specheads.bench.questions import find_default_questions, load_questions, select_per_category
 from specheads.bench.report import OVERALL, aggregate, write_report
 from specheads.bench.runner import run_benchmark
+from specheads.decoding.cost_model import CostCurve, load_or_measure_cost_curve
 
 BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup")
 """Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads."""
@@ -122,7 +123,7 @@ def build_methods(
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
     if "specheads-lookup" in settings.methods:
         spec = prompt_lookup_drafter(settings.prompt_lookup_tokens)
-        methods.append(_specheads(settings, "specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup"))
+        methods.append(_specheads("specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup"))
     trees = settings.trees or ["auto"]
     if len(trees) not in (1, len(settings.heads)):
         raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
@@ -132,24 +133,33 @@ def build_methods(
         tree = trees[i if len(trees) > 1 else 0]
         if tree == "auto":
             if curve is None:
-                from specheads.decoding.cost_model import load_or_measure_cost_curve
                 from specheads.target import cache_root
 
                 curve = load_or_measure_cost_curve(target, cache_root())
+                relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
+                print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
             spec = auto_drafter(head, target, tokenizer, curve, calibration)
         else:
             spec = build_drafter(head, tree)
         name = f"specheads-{Path(head_dir).name}"
-        methods.append(_specheads(settings, name, target, tokenizer, spec, acceptance, f"{head.head_type} head"))
+        what = f"{head.head_type} head"
+        methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve if tree == "auto" else None))
     return methods
 
 
 def _specheads(
-    settings: BenchSettings, name: str, target: Any, tokenizer: Any, spec: DrafterSpec, acceptance: str, what: str
+    name: str,
+    target: Any,
+    tokenizer: Any,
+    spec: DrafterSpec,
+    acceptance: str,
+    what: str,
+    curve: CostCurve | None = None,
 ) -> Method:
     extra: dict[str, Any] = {"tree": spec.tree}
-    if spec.auto is not None:
+    if spec.auto is not None and curve is not None:
         extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
+        extra["cost_curve"] = asdict(curve)
     return specheads_method(name, target, tokenizer, spec.drafter, acceptance, f"specheads, {what}", extra)
 
 

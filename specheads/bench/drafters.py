@@ -88,7 +88,7 @@ def auto_drafter(
     tokenizer: PreTrainedTokenizerBase,
     curve: CostCurve,
     prompts: list[torch.Tensor],
-    max_new_tokens: int = 48,
+    max_new_tokens: int = 32,
 ) -> DrafterSpec:
     """Calibrate the head's per-(depth, rank) acceptance on ``prompts`` (greedy), then let the cost model choose."""
     wide, depth = calibration_drafter(head)
@@ -99,13 +99,14 @@ def auto_drafter(
     for prompt in prompts:
         stats = generator.generate(prompt, max_new_tokens=max_new_tokens).stats
         draft_s += stats.draft_s
-        overhead_s += stats.bookkeeping_s
+        overhead_s += max(stats.bookkeeping_s - curve.at(prompt.numel()), 0.0)  # the prefill is not per-step work
         steps += len(stats.accepted_lengths)
     per_step = draft_s / max(steps, 1)
     draft_cost = DraftCost(fixed_s=per_step) if head.head_type == "medusa" else DraftCost(per_depth_s=per_step / depth)
     max_nodes = 63 if head.head_type != "draft_model" else CALIBRATION_CHAIN_DEPTH
     choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead_s / max(steps, 1), max_nodes)
-    return DrafterSpec(_drafter_for_choice(head, choice), f"auto: {choice.describe()}", choice)
+    note = "" if choice.num_nodes else " (drafting does not pay here; verifying one guess per step instead)"
+    return DrafterSpec(_drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice)
 
 
 def _drafter_for_choice(head: Any, choice: TreeChoice) -> Any:

@@ -133,6 +133,11 @@ def markdown_report(report: dict[str, Any]) -> str:
     trees = {n: m["tree"] for n, m in report["methods"].items() if m.get("tree")}
     if trees:
         lines += ["", "Trees:", ""] + [f"- `{n}`: {t}" for n, t in trees.items()]
+    curves = [m["cost_curve"] for m in report["methods"].values() if m.get("cost_curve")]
+    if curves:
+        c = curves[0]
+        cells = ", ".join(f"{n}: {1000 * s:.0f} ms" for n, s in zip(c["sizes"], c["seconds"]))
+        lines += ["", f"Target forward cost by new tokens ({c['device']}, {c['dtype']}, auto trees): {cells}"]
     if report["mismatches"]:
         lines += ["", "**MISMATCHES at T=0 (lossless methods whose output differs from the baseline):**", ""]
         lines += [f"- `{m['method']}` on question {m['question_id']} ({m['category']})" for m in report["mismatches"]]

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import torch
 
 from specheads.decoding.sampling import warp_logits_to_probs
-from specheads.decoding.tree import CompiledTree, StaticTree, chain_parents, compile_tree
+from specheads.decoding.tree import CompiledTree, StaticTree, chain_parents
+from specheads.heads import MedusaHeads
 
 HiddenStates = tuple[torch.Tensor | None, ...]
 """The target's ``hidden_states`` tuple in HF indexing, restricted to the fed rows: entries are (1, m, H) or None."""
@@ -117,7 +118,7 @@ class MedusaDrafter:
     so ``draft_probs`` is None even when sampling). Head k reads the target's hidden state at the last fed position
     and predicts token t + k + 1, i.e. depth k below the root (the root itself is the target's own next token)."""
 
-    def __init__(self, heads: Any, tree: StaticTree) -> None:
+    def __init__(self, heads: MedusaHeads, tree: StaticTree) -> None:
         if tree.max_depth > heads.num_heads:
             raise ValueError(
                 f"the tree is {tree.max_depth} deep but the Medusa head set has only {heads.num_heads} heads; "
@@ -127,12 +128,19 @@ class MedusaDrafter:
         self.tree = tree
         self.layer_ids = list(heads.layer_ids)
 
-    def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> MedusaState:
+    def begin(
+        self,
+        prompt_ids: torch.Tensor,
+        hidden_states: HiddenStates | None,
+        root: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+    ) -> MedusaState:
         state = MedusaState(hidden=None, root=root)
         self.observe(state, prompt_ids, hidden_states, root)
         return state
 
-    def observe(self, state: MedusaState, fed_tokens, hidden_states, root: int) -> None:
+    def observe(self, state: MedusaState, fed_tokens: torch.Tensor, hidden_states: HiddenStates, root: int) -> None:
         state.hidden = hidden_states[self.layer_ids[0]][:, -1:]  # (1, 1, H) at the last fed position
         state.root = root
 
@@ -165,10 +173,19 @@ class PromptLookupDrafter:
         self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
         self.layer_ids = []
 
-    def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> LookupState:
+    def begin(
+        self,
+        prompt_ids: torch.Tensor,
+        hidden_states: HiddenStates | None,
+        root: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+    ) -> LookupState:
         return LookupState(context=prompt_ids.view(-1).tolist() + [root])
 
-    def observe(self, state: LookupState, fed_tokens, hidden_states, root: int) -> None:
+    def observe(
+        self, state: LookupState, fed_tokens: torch.Tensor, hidden_states: HiddenStates | None, root: int
+    ) -> None:
         state.context.extend(fed_tokens.view(-1).tolist()[1:] + [root])  # the old root is already in the context
 
     def propose(self, state: LookupState) -> DraftTree:
@@ -193,9 +210,3 @@ def lookup_continuation(context: torch.Tensor, num_tokens: int, max_ngram: int, 
             start = int(hits[-1]) + n
             return context[start : start + num_tokens]
     return context[:0]
-
-
-def static_draft_tree(tokens: torch.Tensor, structure: CompiledTree | None = None) -> DraftTree:
-    """A chain draft (root first) as a DraftTree; helper for drafters that propose one path."""
-    structure = structure or compile_tree(chain_parents(tokens.numel()))
-    return DraftTree(tokens=tokens, parents=structure.parents, structure=structure)

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, draw_children
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.tree import DynamicTreeConfig, reindex_parents, select_dynamic_nodes
+from specheads.heads import EagleDrafter
 
 
 @dataclass
@@ -34,13 +35,20 @@ class EagleState:
 class EagleTreeDrafter:
     """Wraps an ``EagleDrafter`` head (v1 or v3). Token ids in the tree are target ids (mapped with ``d2t``)."""
 
-    def __init__(self, head, tree: DynamicTreeConfig | None = None) -> None:
+    def __init__(self, head: EagleDrafter, tree: DynamicTreeConfig | None = None) -> None:
         self.head = head
         self.tree = tree or DynamicTreeConfig()
         self.layer_ids = list(head.layer_ids)
         self.target_vocab_size = head.config.target.vocab_size
 
-    def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> EagleState:
+    def begin(
+        self,
+        prompt_ids: torch.Tensor,
+        hidden_states: HiddenStates | None,
+        root: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+    ) -> EagleState:
         empty = torch.empty(0)
         state = EagleState(self.head.new_cache(), empty, empty, root, sampling, generator)
         self.observe(state, prompt_ids.view(-1), hidden_states, root)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from specheads.decoding.draft import DraftTree, Sampling, draw_children
+from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, draw_children
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.tree import chain_parents
+from specheads.heads import DraftModel
 
 
 @dataclass
@@ -39,7 +40,7 @@ class DraftModelDrafter:
 
     layer_ids: list[int] = []
 
-    def __init__(self, head, draft_length: int = 4, min_length: int = 1, max_length: int = 8) -> None:
+    def __init__(self, head: DraftModel, draft_length: int = 4, min_length: int = 1, max_length: int = 8) -> None:
         if not 1 <= min_length <= draft_length <= max_length:
             raise ValueError(
                 f"need 1 <= min_length <= draft_length <= max_length, got {min_length, draft_length, max_length}"
@@ -48,7 +49,14 @@ class DraftModelDrafter:
         self.draft_length, self.min_length, self.max_length = draft_length, min_length, max_length
         self.layer_ids = []
 
-    def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> DraftModelState:
+    def begin(
+        self,
+        prompt_ids: torch.Tensor,
+        hidden_states: HiddenStates | None,
+        root: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+    ) -> DraftModelState:
         cache = DynamicCache(config=self.model.config)
         return DraftModelState(cache, prompt_ids.view(-1).tolist(), root, self.draft_length, sampling, generator)
 
@@ -72,7 +80,9 @@ class DraftModelDrafter:
             draft_probs = torch.cat([torch.stack(q_rows), torch.zeros_like(q_rows[0]).unsqueeze(0)])  # (n, V)
         return DraftTree(tokens=tokens, parents=chain_parents(tokens.numel()).to(device), draft_probs=draft_probs)
 
-    def observe(self, state: DraftModelState, fed_tokens, hidden_states, root: int) -> None:
+    def observe(
+        self, state: DraftModelState, fed_tokens: torch.Tensor, hidden_states: HiddenStates | None, root: int
+    ) -> None:
         fed = fed_tokens.view(-1).tolist()  # old root + accepted chain tokens
         accepted = len(fed) - 1
         # The cache holds the old root and the first draft_length - 1 chain tokens beyond the committed rows.

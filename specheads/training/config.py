@@ -79,6 +79,7 @@ class LoraSection:
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
     distill_weight: float = 1.0  # weight of KL(original target || adapted target)
+    lr: float = 1e-4  # the adapters learn slower than the heads, so the target's own predictions barely move
 
 
 @dataclass

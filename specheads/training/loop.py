@@ -33,7 +33,7 @@ from specheads.training.config import TrainConfig, to_container, to_yaml
 from specheads.training.data import build_datasets, collate
 from specheads.training.features import CachedFeatureDataset, collate_features, extract_features
 from specheads.training.losses import Stats, add_stats, chain_tau, ratios
-from specheads.training.objective import build_objective
+from specheads.training.objective import build_objective, parameter_groups
 from specheads.training.tracking import flatten, tracker_setup
 
 logger = logging.getLogger(__name__)
@@ -245,8 +245,9 @@ def train(
     generator = torch.Generator().manual_seed(tc.seed)  # loader worker seeds never draw from the global RNG
     train_loader = DataLoader(train_ds, batch_size=tc.batch_size, shuffle=True, collate_fn=merge, generator=generator)
     eval_loader = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=merge)
-    params = [p for p in objective.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+    groups = parameter_groups(objective, tc.lr, cfg.lora.lr)
+    params = [p for group in groups for p in group["params"]]
+    optimizer = torch.optim.AdamW(groups, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
     # Accelerate steps a prepared scheduler once per process per update, so count in those units.
     n = accelerator.num_processes
     scheduler = get_scheduler(

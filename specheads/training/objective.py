@@ -165,6 +165,16 @@ class Eagle3Objective(nn.Module):
         )
 
 
+def parameter_groups(objective: nn.Module, lr: float, lora_lr: float) -> list[dict[str, Any]]:
+    """Optimizer groups: the head at ``lr``; Medusa-2's target adapters (if any) at ``lora_lr``."""
+    head = [p for p in objective.head.parameters() if p.requires_grad]
+    groups = [{"params": head, "lr": lr}]
+    adapted = getattr(objective, "adapted", None)
+    if adapted is not None:
+        groups.append({"params": [p for p in adapted.parameters() if p.requires_grad], "lr": lora_lr})
+    return groups
+
+
 def build_objective(
     head: nn.Module, target: PreTrainedModel, loss: LossSection, lora: LoraSection, seed: int
 ) -> nn.Module:

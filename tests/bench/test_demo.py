@@ -1,0 +1,26 @@
+"""``make demo`` wiring that can be checked without training: its data is committed, its config overrides are valid."""
+
+from __future__ import annotations
+
+import json
+
+from specheads.bench import demo
+
+
+def test_demo_data_is_committed_in_messages_format():
+    first = json.loads(demo.DATA.read_text().splitlines()[0])
+    assert [m["role"] for m in first["messages"]] == ["user", "assistant"]
+    assert (demo.DATA.parent / "README.md").is_file()
+
+
+def test_demo_training_overrides_are_a_valid_eagle3_config():
+    from specheads.training.config import load_config
+
+    cfg = load_config(demo.CONFIG, demo.TRAIN_OVERRIDES)
+    assert cfg.head.type == "eagle" and cfg.head.options["version"] == 3
+    assert cfg.data.paths == [str(demo.DATA)]
+    assert cfg.train.output_dir == str(demo.HEAD_DIR)
+
+
+def test_demo_bench_compares_only_against_plain_generate():
+    assert demo.BENCH.methods == [] and demo.BENCH.heads == [str(demo.HEAD_DIR)]
