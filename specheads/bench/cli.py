@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.bench.drafters import DrafterSpec, auto_drafter, build_drafter, prompt_lookup_drafter
+from specheads.bench.drafters import DrafterSpec, auto_drafter, fixed_drafter, prompt_lookup_drafter
 from specheads.bench.methods import Method, hf_method, specheads_method
 from specheads.bench.questions import find_default_questions, load_questions, select_per_category
 from specheads.bench.report import OVERALL, aggregate, write_report
@@ -140,7 +140,7 @@ def build_methods(
                 print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
             spec = auto_drafter(head, target, tokenizer, curve, calibration)
         else:
-            spec = build_drafter(head, tree)
+            spec = fixed_drafter(head, tree)
         name = f"specheads-{Path(head_dir).name}"
         what = f"{head.head_type} head"
         methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve if tree == "auto" else None))

@@ -1,21 +1,19 @@
 """From a saved head and a tree setting to a drafter the speculative generator can use.
 
-Tree settings (``--tree``):
-- ``auto``: the cost model picks size and depth for this device from a short calibration (``decoding.cost_model``);
-- ``chain:D``: one path of D draft tokens (every head type);
-- ``dynamic:D,K,N`` (EAGLE): EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes kept;
-- a tree file or the name of one under ``configs/trees/`` (Medusa): static Medusa choices.
+Tree settings (``--tree``): ``auto``, where the cost model picks size and depth for this device from a short
+calibration (``decoding.cost_model``), or any setting ``specheads generate --tree`` takes (``chain:D``,
+``dynamic:D,K,N`` for EAGLE, a tree file or name under ``configs/trees/`` for Medusa), built by the same function.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.decoding.cli import build_drafter
 from specheads.decoding.cost_model import (
     CostCurve,
     DraftCost,
@@ -27,9 +25,8 @@ from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.model_draft import DraftModelDrafter
-from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree, static_tree
+from specheads.decoding.tree import DynamicTreeConfig, static_tree
 
-TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
 CALIBRATION_WIDTH = 4  # guesses per depth tried during calibration (ranks beyond are assumed never accepted)
 CALIBRATION_EAGLE_DEPTH = 6
 CALIBRATION_CHAIN_DEPTH = 8
@@ -44,28 +41,9 @@ class DrafterSpec:
     auto: TreeChoice | None = None
 
 
-def build_drafter(head: Any, tree: str) -> DrafterSpec:
-    """A drafter for ``head`` with a fixed (not ``auto``) tree setting."""
-    kind = head.head_type
-    if tree.startswith("chain:"):
-        depth = int(tree.removeprefix("chain:"))
-        if kind == "medusa":
-            return DrafterSpec(MedusaDrafter(head, chain_tree(depth)), tree)
-        if kind == "eagle":
-            return DrafterSpec(EagleTreeDrafter(head, DynamicTreeConfig(depth, 1, depth)), tree)
-        return DrafterSpec(DraftModelDrafter(head, depth, min_length=depth, max_length=depth), tree)
-    if kind == "eagle":
-        if not tree.startswith("dynamic:"):
-            raise ValueError(f"EAGLE heads take --tree auto, chain:D or dynamic:D,K,N; got {tree!r}")
-        depth, top_k, total = (int(x) for x in tree.removeprefix("dynamic:").split(","))
-        return DrafterSpec(EagleTreeDrafter(head, DynamicTreeConfig(depth, top_k, total)), tree)
-    if kind == "medusa":
-        path = Path(tree) if Path(tree).is_file() else TREES_DIR / f"{tree.removesuffix('.json')}.json"
-        if not path.is_file():
-            known = sorted(p.stem for p in TREES_DIR.glob("*.json"))
-            raise ValueError(f"Medusa tree {tree!r} is neither a file nor one of {known}; or use auto / chain:D")
-        return DrafterSpec(MedusaDrafter(head, load_tree(path)), path.stem)
-    raise ValueError(f"a {kind} head takes --tree auto or chain:D; got {tree!r}")
+def fixed_drafter(head: Any, tree: str) -> DrafterSpec:
+    """A drafter for ``head`` with a fixed (not ``auto``) tree setting, as ``specheads generate --tree`` builds it."""
+    return DrafterSpec(build_drafter(head, tree), tree)
 
 
 def calibration_drafter(head: Any) -> tuple[Any, int]:

@@ -111,15 +111,16 @@ def hf_method(
     lossless: bool = True,
     description: str = "",
     assistant: PreTrainedModel | None = None,
-    **generate_kwargs: Any,
+    **generation_options: Any,
 ) -> Method:
-    """transformers ``generate`` with extra keyword arguments (``prompt_lookup_num_tokens``, ``assistant_model``)."""
+    """transformers ``generate`` with extra generation-config fields (``prompt_lookup_num_tokens=10``) and/or an
+    ``assistant`` model (assisted generation)."""
 
     def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
         config = generation_config_for(target, max_new_tokens, temperature)
-        kwargs = dict(generate_kwargs)
-        if assistant is not None:
-            kwargs["assistant_model"] = assistant
+        for key, value in generation_options.items():
+            setattr(config, key, value)
+        kwargs = {} if assistant is None else {"assistant_model": assistant}
         torch.manual_seed(seed)
         drafter = ForwardTimer(assistant) if assistant is not None else None
         with ForwardTimer(target) as verify, drafter or contextlib.nullcontext():

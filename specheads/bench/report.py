@@ -119,6 +119,11 @@ def markdown_report(report: dict[str, Any]) -> str:
         for name, per_group in results.items():
             cells = [fmt.format(per_group[c][key]) if c in per_group else "-" for c in [*categories, OVERALL]]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "speedup = baseline s/token / method s/token (= time ratio when outputs are identical). Peak mem: per-method "
+        "`torch.cuda.max_memory_allocated` on GPU; on CPU the process's peak RSS so far (cumulative, not per method).",
+    ]
     hists = {n: g[OVERALL] for n, g in results.items() if g[OVERALL]["accepted_length_hist"]}
     if hists:
         longest = max(max(int(k) for k in s["accepted_length_hist"]) for s in hists.values())

@@ -103,14 +103,20 @@ def measure_cost_curve(
     return CostCurve(list(sizes), [best[n] for n in sizes], device_label(device), name, dtype, prefix_len)
 
 
-def load_or_measure_cost_curve(target: PreTrainedModel, cache_dir: Path, refresh: bool = False) -> CostCurve:
+def load_or_measure_cost_curve(
+    target: PreTrainedModel,
+    cache_dir: Path,
+    refresh: bool = False,
+    sizes: Sequence[int] = COST_SIZES,
+    repeats: int = 3,
+) -> CostCurve:
     """The cached curve for (device, model, dtype) under ``cache_dir``, measuring and caching it on first use."""
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     key = f"{device_label(target.device)}__{target.config.name_or_path}__{dtype}"
     path = Path(cache_dir) / "cost_model" / ("".join(c if c.isalnum() or c in "-_." else "_" for c in key) + ".json")
     if path.is_file() and not refresh:
         return CostCurve(**json.loads(path.read_text()))
-    curve = measure_cost_curve(target)
+    curve = measure_cost_curve(target, sizes, repeats=repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(curve), indent=2))
     return curve

@@ -70,7 +70,7 @@ class EagleTreeDrafter:
         cfg, sampling, head = self.tree, state.sampling, self.head
         device = state.logits.device
         prefix = state.cache_len
-        # Candidate arrays, root first; row r of `slots` = drafter-cache tree slots row r may attend to.
+        # Candidates in creation order (root first): tokens, parents, cumulative draft log-prob scores.
         tokens, parents, scores = [torch.tensor([state.root], device=device)], [torch.tensor([-1], device=device)], []
         scores.append(torch.zeros(1, device=device))
         q_rows = {}  # candidate index -> q over the draft vocabulary its children were drawn from
@@ -84,7 +84,7 @@ class EagleTreeDrafter:
         level = torch.arange(1, 1 + ids.numel(), device=device)  # candidate indices of the newest level
         parent_hidden = state.hidden.expand(1, ids.numel(), -1)  # (1, k, H): features of the newest level's parents
         slot_of: dict[int, int] = {}
-        visible = torch.zeros(0, 0, dtype=torch.bool, device=device)  # (slots, slots)
+        visible = torch.zeros(0, 0, dtype=torch.bool, device=device)  # (slots, slots): tree rows in the drafter cache
         count = 1 + ids.numel()
         for depth in range(2, cfg.depth + 1):
             # 2. expand the top_k most confident nodes of the newest level with one drafter forward.

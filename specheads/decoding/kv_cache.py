@@ -15,8 +15,12 @@ from transformers import DynamicCache
 
 def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[int]) -> None:
     """Move the entries of tree nodes ``path`` (node indices, root first) to slots ``prefix_len ...`` and crop."""
-    path = torch.as_tensor(path, dtype=torch.long)
-    keep = prefix_len + path.numel()
+    path_list = path.tolist() if isinstance(path, torch.Tensor) else list(path)
+    keep = prefix_len + len(path_list)
+    if path_list == list(range(len(path_list))):  # already contiguous (root only, or a chain's prefix): crop only
+        crop_to(cache, keep)
+        return
+    path = torch.as_tensor(path_list, dtype=torch.long)
     for layer in cache.layers:
         if not layer.is_initialized:
             continue

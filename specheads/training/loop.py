@@ -230,7 +230,8 @@ def train(
     )
     set_seed(tc.seed)
     if target is None:
-        target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
+        with _outside_zero3_init(accelerator):  # the frozen target is never sharded, not even under ZeRO-3
+            target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
     target.to(accelerator.device)
     with accelerator.main_process_first():
         train_ds, eval_ds, merge = _datasets(cfg, tokenizer)
@@ -335,6 +336,12 @@ def train(
     if finished:
         _save_final(accelerator, objective, cfg, target, metrics, out)
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
+
+
+def _outside_zero3_init(accelerator: Accelerator) -> contextlib.AbstractContextManager:
+    """Under DeepSpeed ZeRO-3, transformers builds models pre-sharded; the frozen target must stay whole."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin.zero3_init_context_manager(enable=False) if plugin is not None else contextlib.nullcontext()
 
 
 def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:

@@ -72,3 +72,42 @@ def test_recording_drafter_counts_rank_hits():
     assert recorder.trials == [[3, 3], [1]]
     assert recorder.hits == [[1, 1], [1]]
     assert recorder.acceptance().probs == [[1 / 3, 1 / 3], [1.0]]
+
+
+class WordTokenizer:
+    """Stand-in tokenizer for the tiny random Llama (no chat template, no EOS)."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(f" w{int(i)}" for i in ids)
+
+
+def test_cost_curve_is_measured_once_and_cached(tiny_llama, tmp_path):
+    from specheads.decoding.cost_model import load_or_measure_cost_curve
+
+    curve = load_or_measure_cost_curve(tiny_llama, tmp_path, sizes=(1, 4), repeats=1)
+    assert curve.sizes == [1, 4] and all(s > 0 for s in curve.seconds)
+    assert curve.model == "tiny-random-llama" and curve.dtype == "float32"
+    (cached,) = (tmp_path / "cost_model").glob("*.json")
+    assert load_or_measure_cost_curve(tiny_llama, tmp_path) == curve  # read back, not re-measured
+    assert cached.is_file()
+
+
+def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
+    import torch
+
+    from specheads.bench.drafters import auto_drafter
+    from specheads.decoding.generator import SpeculativeGenerator
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    head = MedusaHeads(MedusaConfig(num_heads=3, num_layers=1), tiny_llama).eval()
+    prompts = [torch.randint(0, 128, (12,)) for _ in range(2)]
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), GPU, prompts, max_new_tokens=12)
+    assert spec.auto is not None and spec.tree.startswith("auto:")
+    assert spec.auto.depth <= head.num_heads
+    plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=12)
+    drafted = SpeculativeGenerator(tiny_llama, WordTokenizer(), spec.drafter).generate(prompts[0], max_new_tokens=12)
+    assert drafted.token_ids == plain.token_ids

@@ -19,7 +19,13 @@ def main() -> None:
     config, result_dir, *overrides = sys.argv[1:]
     result = train(load_config(config, overrides))
     state = PartialState()
-    record = {"checksum": result.checksum, "step": result.step, "world": state.num_processes, "metrics": result.metrics}
+    record = {
+        "checksum": result.checksum,
+        "step": result.step,
+        "world": state.num_processes,
+        "distributed_type": str(state.distributed_type),
+        "metrics": result.metrics,
+    }
     Path(result_dir, f"rank{state.process_index}.json").write_text(json.dumps(record))
 
 
