@@ -142,6 +142,8 @@ def build_methods(
         else:
             spec = fixed_drafter(head, tree)
         name = f"specheads-{Path(head_dir).name}"
+        if any(m.name == name for m in methods):
+            raise ValueError(f"two --head folders are both named {Path(head_dir).name!r}; rename one")
         what = f"{head.head_type} head"
         methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve if tree == "auto" else None))
     return methods

@@ -79,11 +79,12 @@ def demo_main() -> int:
         result = train(cfg, target, tokenizer)
         shown = ", ".join(f"{k} {v:.3f}" for k, v in result.metrics.items() if "top1" in k or k.endswith("tau"))
         print(f"  trained {result.step} steps ({time.perf_counter() - started:.0f} s); held-out: {shown}")
-    stage(4, 4, "Benchmarking against plain generate: 1 Spec-Bench prompt per category, 64 new tokens, T=0")
+    what = f"{BENCH.per_category} Spec-Bench prompt(s) per category, {BENCH.max_new_tokens} new tokens, T=0"
+    stage(4, 4, f"Benchmarking against plain generate: {what}")
     report, paths = run_bench(BENCH, target, tokenizer)
     print_summary(report)
     warn_mismatches(report)
-    print(f"\nFull report: {paths['markdown'].relative_to(REPO)} (plots and JSON next to it)")
+    print(f"\nFull report: {paths['markdown']} (plots and JSON next to it)")
     print(f"Demo finished in {(time.perf_counter() - start) / 60:.1f} minutes. Generate with the head:\n")
     print(f"  {GENERATE_COMMAND}")
     return 1 if report["mismatches"] else 0

@@ -13,6 +13,7 @@ import contextlib
 import copy
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -21,7 +22,13 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
@@ -217,21 +224,25 @@ def _check_cache(dataset: CachedFeatureDataset, layer_ids: list[int], needs_logi
 def train(
     cfg: TrainConfig, target: PreTrainedModel | None = None, tokenizer: PreTrainedTokenizerBase | None = None
 ) -> TrainResult:
-    """Train the head described by ``cfg``; save it (and Medusa-2's adapter in ``lora/``) to ``train.output_dir``."""
+    """Train the head described by ``cfg``; save it (and Medusa-2's adapter in ``lora/``) to ``train.output_dir``.
+
+    ``target``/``tokenizer`` skip loading ``cfg.target.name`` (tests share one copy). With ``lora.enabled`` the given
+    target receives LoRA adapters in place, so pass a copy you do not need unchanged.
+    """
     tc = cfg.train
     out = Path(tc.output_dir)
     log_with, init_kwargs = tracker_setup(cfg)
+    if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
+        target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
     accelerator = Accelerator(
         mixed_precision=tc.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tc.grad_accum, sync_with_dataloader=False),
         log_with=log_with,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        kwargs_handlers=_process_group_kwargs(),
     )
     set_seed(tc.seed)
-    if target is None:
-        with _outside_zero3_init(accelerator):  # the frozen target is never sharded, not even under ZeRO-3
-            target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
     target.to(accelerator.device)
     with accelerator.main_process_first():
         train_ds, eval_ds, merge = _datasets(cfg, tokenizer)
@@ -330,18 +341,22 @@ def train(
         epoch += 1
     bar.close()
     accelerator.wait_for_everyone()
-    accelerator.end_training()  # close trackers before the output folder is rewritten by the final save
+    for tracker in accelerator.trackers:  # close run files before the final save rewrites the output folder
+        tracker.finish()
     checksum = weights_checksum(accelerator.unwrap_model(objective))
     finished = not (stopped and step < tc.max_steps)
     if finished:
         _save_final(accelerator, objective, cfg, target, metrics, out)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
 
 
-def _outside_zero3_init(accelerator: Accelerator) -> contextlib.AbstractContextManager:
-    """Under DeepSpeed ZeRO-3, transformers builds models pre-sharded; the frozen target must stay whole."""
-    plugin = accelerator.state.deepspeed_plugin
-    return plugin.zero3_init_context_manager(enable=False) if plugin is not None else contextlib.nullcontext()
+def _process_group_kwargs() -> list[InitProcessGroupKwargs]:
+    """Accelerate picks a process-group backend only for accelerator devices; under DeepSpeed on a CPU-only machine it
+    would silently run every rank as a world of one. Name gloo there (DeepSpeed's CPU accelerator talks gloo)."""
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    return [InitProcessGroupKwargs(backend="gloo")] if deepspeed and not torch.cuda.is_available() else []
 
 
 def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""`accelerate launch` with two CPU processes (DDP over gloo; DeepSpeed ZeRO-2 on its CPU accelerator): the same
+"""`accelerate launch` with two CPU processes (DDP over gloo; DeepSpeed ZeRO-2/3 on its CPU accelerator): the same
 script completes, both ranks end with identical weights, and the saved head loads."""
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ def _free_port() -> int:
     [
         ("cpu-2proc.yaml", "eagle3"),
         ("deepspeed-zero2.yaml", "medusa"),
+        ("deepspeed-zero3.yaml", "medusa"),
     ],
-    ids=["ddp", "deepspeed-zero2"],
+    ids=["ddp", "deepspeed-zero2", "deepspeed-zero3"],
 )
 def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_dir, small_chat_file, tmp_path):
     out = tmp_path / "run"
