@@ -24,7 +24,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specheads scripts tests
