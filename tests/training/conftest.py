@@ -8,7 +8,6 @@ are reserved for the tests where learning is the point.
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 
 import pytest
@@ -16,19 +15,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 REPO = Path(__file__).resolve().parents[2]
-DISTILL = "distill/smollm2-135m-instruct-greedy-1k.jsonl"
-
-
-def shared_data_dir() -> Path:
-    return Path(os.environ.get("SPECHEADS_DATA", REPO.parent / "shared" / "data"))
+DISTILL = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"  # committed self-distilled set (data/README.md)
 
 
 @pytest.fixture(scope="session")
 def distill_path() -> Path:
-    path = shared_data_dir() / DISTILL
-    if not path.is_file():
-        pytest.skip(f"{path} not found: put the shared data folder beside the repository or set SPECHEADS_DATA")
-    return path
+    assert DISTILL.is_file(), f"{DISTILL} is missing from the repository"
+    return DISTILL
 
 
 @pytest.fixture(scope="session")

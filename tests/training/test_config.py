@@ -39,10 +39,12 @@ def test_deepspeed_configs_parse(path):
     assert json.loads(path.read_text())["zero_optimization"]["stage"] in (2, 3)
 
 
-def test_data_folder_comes_from_the_environment(monkeypatch):
-    monkeypatch.setenv("SPECHEADS_DATA", "/elsewhere")
+def test_data_paths_point_at_committed_data_and_may_use_the_environment(monkeypatch):
     cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml")
-    assert cfg.data.paths[0].startswith("/elsewhere/distill/")
+    assert (CONFIGS.parent / cfg.data.paths[0]).is_file()
+    monkeypatch.setenv("SPECHEADS_DATA", "/elsewhere")
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["data.paths=['${oc.env:SPECHEADS_DATA}/chats.jsonl']"])
+    assert cfg.data.paths == ["/elsewhere/chats.jsonl"]
 
 
 def test_dotted_overrides_apply_and_are_typed():
