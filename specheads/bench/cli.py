@@ -105,7 +105,7 @@ def build_methods(
     calibration: list[torch.Tensor],
 ) -> list[Method]:
     """Baseline first, then transformers' methods, specheads prompt lookup and one method per head."""
-    from specheads.heads import DraftModel, load_head
+    from specheads.heads import LORA_DIR, DraftModel, load_head
 
     methods = [hf_method("generate", target, description="transformers generate (baseline)")]
     if "hf-prompt-lookup" in settings.methods:
@@ -129,6 +129,11 @@ def build_methods(
         raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
     curve = None
     for i, head_dir in enumerate(settings.heads):
+        if (Path(head_dir) / LORA_DIR).is_dir():
+            raise ValueError(
+                f"{head_dir} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
+                "not comparable to the plain target's. Merge the adapter into a target copy and pass it as --target."
+            )
         head = load_head(head_dir, target).to(target.device).eval()
         tree = trees[i if len(trees) > 1 else 0]
         if tree == "auto":

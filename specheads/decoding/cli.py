@@ -48,7 +48,7 @@ class GenerateArgs:
 
 
 def generate_main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(GenerateArgs)
+    parser = HfArgumentParser(GenerateArgs, prog="specheads generate")
     (args,) = parser.parse_args_into_dataclasses(args=argv)
     if args.head and args.prompt_lookup:
         parser.error("--head and --prompt-lookup are exclusive: pick one drafter")
@@ -59,8 +59,9 @@ def generate_main(argv: list[str] | None = None) -> int:
     if args.prompt_lookup:
         drafter = PromptLookupDrafter()
     elif args.head:
-        from specheads.heads import load_head
+        from specheads.heads import load_head, load_lora_adapter
 
+        target = load_lora_adapter(target, args.head)  # Medusa-2: the adapted target is the one being decoded
         drafter = build_drafter(load_head(args.head, target), args.tree)
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance)
     prompt: Any = args.prompt
