@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.decoding.cli import build_drafter
 from specheads.decoding.cost_model import (
     CostCurve,
     DraftCost,
@@ -23,6 +22,7 @@ from specheads.decoding.cost_model import (
 )
 from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree

@@ -1,7 +1,7 @@
 """How draft heads are used: tree, draft, verify, accept, cache commit, generate.
 
-from specheads.decoding import SpeculativeGenerator, MedusaDrafter, load_tree
-generator = SpeculativeGenerator(target, tokenizer, MedusaDrafter(heads, load_tree("configs/trees/small10.json")))
+from specheads.decoding import SpeculativeGenerator, build_drafter
+generator = SpeculativeGenerator(target, tokenizer, build_drafter(head, tree="small10"))
 result = generator.generate("Why is the sky blue?", max_new_tokens=128)
 print(result.text, result.stats.summary())
 """
@@ -21,6 +21,7 @@ from specheads.decoding.draft import (
     Sampling,
 )
 from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import GenerationResult, GenerationStats, SpeculativeGenerator
 from specheads.decoding.kv_cache import commit_path
 from specheads.decoding.model_draft import DraftModelDrafter
@@ -54,6 +55,7 @@ __all__ = [
     "StaticTree",
     "Verification",
     "accept_greedy",
+    "build_drafter",
     "accept_speculative",
     "accept_typical",
     "chain_tree",

@@ -11,21 +11,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import HfArgumentParser
 
-from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
-from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.draft import PromptLookupDrafter
+from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
-from specheads.decoding.model_draft import DraftModelDrafter
-from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
-
-TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
-DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying 64 nodes costs ~3.5x one decode step
-DEFAULT_DRAFT_LENGTH = 4
 
 
 @dataclass
@@ -80,44 +73,6 @@ def generate_main(argv: list[str] | None = None) -> int:
     print()
     print(f"[{describe(drafter, args)}] {result.stats.summary()}", file=sys.stderr)
     return 0
-
-
-def build_drafter(head: Any, tree: str | None) -> Any:
-    """A drafter for a loaded head and a tree setting (see the module docstring)."""
-    kind = head.head_type
-    if tree is not None and tree.split(":")[0] == "chain":
-        depth = int(tree.split(":")[1]) if ":" in tree else _default_depth(head)
-        if kind == "medusa":
-            return MedusaDrafter(head, chain_tree(depth))
-        if kind == "eagle":
-            return EagleTreeDrafter(head, DynamicTreeConfig(depth, 1, depth))
-        return DraftModelDrafter(head, depth, min_length=depth, max_length=depth)
-    if kind == "eagle":
-        if tree is None or tree == "dynamic":
-            return EagleTreeDrafter(head, DynamicTreeConfig())
-        if not tree.startswith("dynamic:"):
-            raise ValueError(f"EAGLE heads take --tree chain[:D] or dynamic[:D,K,N]; got {tree!r}")
-        depth, top_k, total = (int(x) for x in tree.removeprefix("dynamic:").split(","))
-        return EagleTreeDrafter(head, DynamicTreeConfig(depth, top_k, total))
-    if kind == "medusa":
-        return MedusaDrafter(head, load_tree(_tree_file(tree or DEFAULT_MEDUSA_TREE)))
-    if kind == "draft_model":
-        if tree is not None:
-            raise ValueError(f"a draft model drafts an adaptive chain: use --tree chain:D or no --tree; got {tree!r}")
-        return DraftModelDrafter(head, DEFAULT_DRAFT_LENGTH)
-    raise ValueError(f"unknown head type {kind!r}")
-
-
-def _default_depth(head: Any) -> int:
-    return head.num_heads if head.head_type == "medusa" else DEFAULT_DRAFT_LENGTH
-
-
-def _tree_file(tree: str) -> Path:
-    path = Path(tree) if Path(tree).is_file() else TREES_DIR / f"{tree.removesuffix('.json')}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in TREES_DIR.glob("*.json"))
-        raise ValueError(f"Medusa tree {tree!r} is neither a file nor one of {known}; or use chain[:D]")
-    return path
 
 
 def describe(drafter: Any, args: GenerateArgs) -> str:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specheads.decoding.cli import build_drafter, generate_main
+from specheads.decoding.cli import generate_main
 from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.factory import build_drafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 
