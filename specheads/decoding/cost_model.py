@@ -28,11 +28,13 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.tree import chain_parents
 from specheads.decoding.verify import verify_tree
 
 COST_SIZES = (1, 2, 4, 8, 16, 32, 64)
+COST_CURVE_VERSION = 2  # bump when what is timed changes (2: verification under small_batch_linear)
 """Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
 
 Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"
@@ -88,16 +90,17 @@ def measure_cost_curve(
     cache = DynamicCache(config=target.config)
     target(input_ids=prefix, cache=cache, use_cache=True)
     best = {n: float("inf") for n in sizes}
-    for attempt in range(repeats + 1):
-        for n in sizes:
-            tokens = torch.randint(0, vocab, (n,), generator=generator).to(device)
-            _sync(device)
-            start = time.perf_counter()
-            verify_tree(target, cache, tokens, chain_parents(n).to(device))
-            _sync(device)
-            if attempt:
-                best[n] = min(best[n], time.perf_counter() - start)
-            crop_to(cache, prefix_len)
+    with small_batch_linear(target):  # the kernels SpeculativeGenerator verifies with
+        for attempt in range(repeats + 1):
+            for n in sizes:
+                tokens = torch.randint(0, vocab, (n,), generator=generator).to(device)
+                _sync(device)
+                start = time.perf_counter()
+                verify_tree(target, cache, tokens, chain_parents(n).to(device))
+                _sync(device)
+                if attempt:
+                    best[n] = min(best[n], time.perf_counter() - start)
+                crop_to(cache, prefix_len)
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     name = str(target.config.name_or_path)
     return CostCurve(list(sizes), [best[n] for n in sizes], device_label(device), name, dtype, prefix_len)
@@ -112,7 +115,7 @@ def load_or_measure_cost_curve(
 ) -> CostCurve:
     """The cached curve for (device, model, dtype) under ``cache_dir``, measuring and caching it on first use."""
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    key = f"{device_label(target.device)}__{target.config.name_or_path}__{dtype}"
+    key = f"{device_label(target.device)}__{target.config.name_or_path}__{dtype}__v{COST_CURVE_VERSION}"
     path = Path(cache_dir) / "cost_model" / ("".join(c if c.isalnum() or c in "-_." else "_" for c in key) + ".json")
     if path.is_file() and not refresh:
         return CostCurve(**json.loads(path.read_text()))

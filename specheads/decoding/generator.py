@@ -11,6 +11,7 @@ counts). p = target, q = draft.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from specheads.decoding.accept import (
     accept_speculative,
     accept_typical,
 )
+from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
 from specheads.decoding.kv_cache import commit_path
 from specheads.decoding.sampling import sample_from_probs
@@ -118,20 +120,34 @@ class SpeculativeGenerator:
         acceptance: str = "speculative",
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
+        cpu_small_batch_linear: bool = True,
     ) -> None:
+        """``cpu_small_batch_linear``: on CPU, compute the few-token matrix products of verification with the
+        faster kernel of ``specheads.decoding.cpu_kernels`` (no effect on GPU or in bf16)."""
         if acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.acceptance = acceptance
         self.typical_params = (posterior_threshold, posterior_alpha)
+        self.cpu_small_batch_linear = cpu_small_batch_linear
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
         eos = tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
 
+    def generate(self, *args: Any, **kwargs: Any) -> GenerationResult:
+        """See ``_generate``; runs it under ``small_batch_linear`` on the target (and a model drafter) if enabled."""
+        with contextlib.ExitStack() as stack:
+            if self.cpu_small_batch_linear:
+                drafter_modules = [getattr(self.drafter, name, None) for name in ("model", "head")]
+                for module in [self.target, *drafter_modules]:
+                    if isinstance(module, torch.nn.Module):
+                        stack.enter_context(small_batch_linear(module))
+            return self._generate(*args, **kwargs)
+
     @torch.inference_mode()
-    def generate(
+    def _generate(
         self,
         prompt: Prompt,
         max_new_tokens: int = 128,

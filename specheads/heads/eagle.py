@@ -170,11 +170,13 @@ class EagleDrafter(DraftHead):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: DynamicCache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with_logits: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One drafter step. features (B, T, H), input_ids (B, T) = token t+1 -> (hidden (B, T, H), logits (B, T, Vd)).
 
         ``attention_mask`` is an additive float mask (B, 1, T, past + T); None means causal over the new tokens
-        plus everything already in ``cache``.
+        plus everything already in ``cache``. ``with_logits=False`` returns ``(hidden, None)``: training computes
+        ``logits(hidden[rows])`` only on the rows that carry a loss.
         """
         batch, length = input_ids.shape
         if attention_mask is None:
@@ -196,7 +198,7 @@ class EagleDrafter(DraftHead):
         )
         hidden = residual + attn_out
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return hidden, self.logits(hidden)
+        return hidden, self.logits(hidden) if with_logits else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of drafter features (B, T, H) -> (B, T, Vd)."""

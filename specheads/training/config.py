@@ -92,6 +92,7 @@ class TrainSection:
     batch_size: int = 8
     eval_batch_size: int = 8
     grad_accum: int = 1
+    group_by_length: bool = False  # batches of similar lengths (less padding; as transformers' Trainer option)
     lr: float = 1e-3
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -169,6 +170,8 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("features.mode", cfg.features.mode, FEATURE_MODES)
     _check_choice("loss.medusa_labels", cfg.loss.medusa_labels, MEDUSA_LABELS)
     _check_choice("train.scheduler", cfg.train.scheduler, SCHEDULERS)
+    if cfg.train.mixed_precision in ("False", "false"):  # YAML 1.1 reads a bare `no` as a boolean
+        cfg.train.mixed_precision = "no"
     _check_choice("train.mixed_precision", cfg.train.mixed_precision, MIXED_PRECISION)
     _check_choice("train.log_with", cfg.train.log_with, TRACKERS)
     try:

@@ -123,13 +123,18 @@ def _shard_tensors(
     topk: int | None,
     with_logits: bool,
     batch_size: int,
+    progress: Any = None,
 ) -> dict[str, torch.Tensor]:
-    """Run the target over one shard's samples and pack the valid (unpadded) positions."""
+    """Run the target over one shard's samples and pack the valid (unpadded) positions, in sample order.
+
+    Batches are formed from length-sorted samples so that little of each forward is padding.
+    """
     lengths = [len(s["input_ids"]) for s in samples]
-    parts: dict[str, list[torch.Tensor]] = {}
+    by_length = sorted(range(len(samples)), key=lengths.__getitem__)
+    per_sample: dict[int, dict[str, torch.Tensor]] = {}
     for start in range(0, len(samples), batch_size):
-        chunk = samples[start : start + batch_size]
-        batch = collate(chunk, pad_token_id=0)
+        chunk_ids = by_length[start : start + batch_size]
+        batch = collate([samples[j] for j in chunk_ids], pad_token_id=0)
         features = extract_features(
             target,
             batch["input_ids"].to(target.device),
@@ -139,7 +144,6 @@ def _shard_tensors(
             topk=topk,
             dtype=dtype,
         )
-        valid = batch["attention_mask"].bool()  # (B, T)
         tensors = {"input_ids": batch["input_ids"].int(), "loss_mask": batch["loss_mask"].to(torch.uint8)}
         tensors |= {f"hidden_states.{i}": h.cpu() for i, h in features.hidden_states.items()}
         if features.logits is not None:
@@ -147,9 +151,13 @@ def _shard_tensors(
         if features.topk_values is not None:
             tensors["topk_values"] = features.topk_values.cpu()
             tensors["topk_indices"] = features.topk_indices.int().cpu()
-        for name, tensor in tensors.items():
-            parts.setdefault(name, []).append(tensor[valid])  # (N_chunk, ...) packed
-    packed = {name: torch.cat(chunks).contiguous() for name, chunks in parts.items()}
+        for row, j in enumerate(chunk_ids):  # right padding: sample j is the first lengths[j] positions of its row
+            per_sample[j] = {name: tensor[row, : lengths[j]] for name, tensor in tensors.items()}
+        if progress is not None:
+            progress.update(len(chunk_ids))
+    packed = {
+        name: torch.cat([per_sample[j][name] for j in range(len(samples))]).contiguous() for name in per_sample[0]
+    }
     packed["offsets"] = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0)
     return packed
 
@@ -197,15 +205,20 @@ def cache_features(
             )
     _write_json(meta_path, {**settings, "complete": False})
     num_shards = -(-len(dataset) // shard_size)
-    for shard in tqdm(range(num_shards), desc="caching features"):
-        path = _shard_path(out_dir, shard)
-        if path.exists():
-            continue
-        samples = [dataset[j] for j in range(shard * shard_size, min((shard + 1) * shard_size, len(dataset)))]
-        tensors = _shard_tensors(target, samples, layer_ids, dtype, topk, settings["with_logits"], batch_size)
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp), metadata={"format_version": str(CACHE_FORMAT_VERSION)})
-        os.replace(tmp, path)
+    with tqdm(total=len(dataset), desc="caching features", unit="sample") as progress:
+        for shard in range(num_shards):
+            path = _shard_path(out_dir, shard)
+            indices = range(shard * shard_size, min((shard + 1) * shard_size, len(dataset)))
+            if path.exists():
+                progress.update(len(indices))  # finished by an earlier run
+                continue
+            samples = [dataset[j] for j in indices]
+            tensors = _shard_tensors(
+                target, samples, layer_ids, dtype, topk, settings["with_logits"], batch_size, progress
+            )
+            tmp = path.with_suffix(".tmp")
+            save_file(tensors, str(tmp), metadata={"format_version": str(CACHE_FORMAT_VERSION)})
+            os.replace(tmp, path)
     num_tokens = 0
     for shard in range(num_shards):
         with safe_open(_shard_path(out_dir, shard), framework="pt") as f:
@@ -259,6 +272,10 @@ class CachedFeatureDataset(Dataset):
 
     def __len__(self) -> int:
         return self.meta["num_samples"]
+
+    def lengths(self) -> list[int]:
+        """Token count of every sample, in order."""
+        return [b - a for offsets in self._offsets for a, b in zip(offsets[:-1], offsets[1:])]
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):

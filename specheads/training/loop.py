@@ -32,6 +32,7 @@ from accelerate.utils import (
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps
 from specheads.target import load_target
@@ -200,6 +201,25 @@ def _datasets(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[Any
     return train_ds, eval_ds, partial(collate, pad_token_id=pad)
 
 
+class EpochLengthGroupedSampler(LengthGroupedSampler):
+    """transformers' length-grouped order (shuffled mega-batches sorted by length), reseeded from ``seed + epoch``
+    so that an epoch's order does not depend on how many epochs this process has run: resume stays exact."""
+
+    def __init__(self, batch_size: int, lengths: list[int], seed: int) -> None:
+        super().__init__(batch_size, lengths=lengths, generator=torch.Generator().manual_seed(seed))
+        self.seed = seed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.generator.manual_seed(self.seed + epoch)
+
+
+def _lengths(dataset: Any) -> list[int]:
+    """Token count of every sample (offline caches read it from the shard offsets, without loading features)."""
+    if isinstance(dataset, CachedFeatureDataset):
+        return dataset.lengths()
+    return [len(ids) for ids in dataset["input_ids"]]
+
+
 def _loss_tokens(dataset: Any) -> list[list[int]]:
     """Assistant tokens of every training sample (what an EAGLE-3 draft vocabulary is counted from)."""
     if isinstance(dataset, CachedFeatureDataset):
@@ -232,6 +252,11 @@ def train(
     tc = cfg.train
     out = Path(tc.output_dir)
     log_with, init_kwargs = tracker_setup(cfg)
+    if tc.mixed_precision == "fp16" and not _has_accelerator():
+        raise ValueError(
+            "train.mixed_precision=fp16 needs a GPU (on CPU, Accelerate would silently train in fp32); "
+            "use train.mixed_precision=bf16 (CPU autocast) or no."
+        )
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
         target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
     accelerator = Accelerator(
@@ -255,7 +280,13 @@ def train(
         if isinstance(dataset, CachedFeatureDataset):
             _check_cache(dataset, layer_ids, objective.needs_logits)
     generator = torch.Generator().manual_seed(tc.seed)  # loader worker seeds never draw from the global RNG
-    train_loader = DataLoader(train_ds, batch_size=tc.batch_size, shuffle=True, collate_fn=merge, generator=generator)
+    if tc.group_by_length:
+        sampler = EpochLengthGroupedSampler(tc.batch_size, _lengths(train_ds), tc.seed)
+        train_loader = DataLoader(train_ds, batch_size=tc.batch_size, sampler=sampler, collate_fn=merge)
+    else:
+        train_loader = DataLoader(
+            train_ds, batch_size=tc.batch_size, shuffle=True, collate_fn=merge, generator=generator
+        )
     eval_loader = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=merge)
     groups = parameter_groups(objective, tc.lr, cfg.lora.lr)
     params = [p for group in groups for p in group["params"]]
@@ -350,6 +381,10 @@ def train(
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
+
+
+def _has_accelerator() -> bool:
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
 def _process_group_kwargs() -> list[InitProcessGroupKwargs]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -96,41 +97,48 @@ def chain_tau(acceptance: list[float]) -> float:
 
 
 def medusa_loss(
-    logits: torch.Tensor,
+    outputs: torch.Tensor,
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
     decay: float,
     target: TargetDistribution | None = None,
+    project: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """Sum over heads of ``decay**(k-1) x CE(head k at t, token t+k+1)`` (https://arxiv.org/abs/2401.10774).
 
-    logits (K, B, T, V); hard labels are the data tokens; with ``target`` (the target's distribution at every
-    position) the labels are soft: head k at t learns the target's distribution at t+k, which predicts t+k+1.
-    Accuracy is measured against the target's greedy token when ``target`` is given (what verification accepts),
-    otherwise against the data token.
+    ``outputs`` (K, B, T, V) logits, or (K, B, T, H) head features with ``project(k - 1, rows) -> logits`` (e.g.
+    ``MedusaHeads.project``): the vocabulary projection, the costly part, then runs only on rows inside the loss
+    mask. Hard labels are the data tokens; with ``target`` (the target's distribution at every position) the labels
+    are soft: head k at t learns the target's distribution at t+k, which predicts t+k+1. Accuracy is measured against
+    the target's greedy token when ``target`` is given (what verification accepts), otherwise against the data token.
     """
-    num_heads, _, length, _ = logits.shape
+    num_heads, _, length, _ = outputs.shape
     reference = input_ids if target is None else torch.cat([input_ids[:, :1], target.argmax()[:, :-1]], dim=1)
-    loss = logits.new_zeros((), dtype=torch.float32)
+    loss = outputs.new_zeros((), dtype=torch.float32)
     stats: Stats = {}
     for k in range(1, num_heads + 1):
         offset = k + 1  # head k at t predicts t + k + 1
         span = length - offset
         if span <= 0:
             break
-        pred = logits[k - 1, :, :span]  # (B, span, V)
-        valid = loss_mask[:, offset:]
+        valid = loss_mask[:, offset:].bool()  # (B, span)
+        rows = outputs[k - 1, :, :span][valid]  # (N, V) or (N, H)
+        pred = rows if project is None else project(k - 1, rows)  # (N, V)
         if target is None:
-            per_token = F.cross_entropy(pred.float().transpose(1, 2), input_ids[:, offset:], reduction="none")
+            per_token = F.cross_entropy(pred.float(), input_ids[:, offset:][valid], reduction="none")
         else:
-            per_token = soft_cross_entropy(pred, target.narrow(k, span))
-        head_loss = masked_mean(per_token, valid)
+            step = target.narrow(k, span)
+            per_token = soft_cross_entropy(
+                pred, TargetDistribution(step.probs[valid], None if step.indices is None else step.indices[valid])
+            )
+        head_loss = per_token.mean() if len(per_token) else pred.sum() * 0.0
         loss = loss + decay ** (k - 1) * head_loss
-        labels = reference[:, offset:]
-        top5 = pred.topk(min(5, pred.shape[-1]), dim=-1).indices
+        labels = reference[:, offset:][valid]  # (N,)
+        top5 = pred.topk(min(5, pred.shape[-1]), dim=-1).indices  # (N, 5)
+        count = valid.sum().float()
         stats[f"loss/head{k}"] = torch.stack([head_loss.detach(), head_loss.new_ones(())])
-        stats[f"top1/head{k}"] = _ratio(top5[..., 0] == labels, valid)
-        stats[f"top5/head{k}"] = _ratio((top5 == labels[..., None]).any(-1), valid)
+        stats[f"top1/head{k}"] = torch.stack([(top5[:, 0] == labels).sum().float(), count])
+        stats[f"top5/head{k}"] = torch.stack([(top5 == labels[:, None]).any(-1).sum().float(), count])
     return loss, stats
 
 
@@ -196,7 +204,7 @@ def shift_left(x: torch.Tensor, by: int, fill: int | float = 0) -> torch.Tensor:
     return torch.cat([x[:, by:], pad], dim=1)
 
 
-DrafterStep = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+DrafterStep = Any  # an EagleDrafter: forward(..., with_logits=False) -> (hidden, None) and logits(hidden)
 
 
 def eagle3_ttt_loss(
@@ -231,20 +239,23 @@ def eagle3_ttt_loss(
     for j in range(steps):
         ids = shift_left(input_ids, 1 + j)[:, :span]
         mask = ttt_attention_mask(attention_mask[:, :span], j, hidden.dtype)
-        hidden, logits = drafter(hidden, ids, positions + j, attention_mask=mask, cache=cache)
+        hidden, _ = drafter(hidden, ids, positions + j, attention_mask=mask, cache=cache, with_logits=False)
         in_range = positions + 1 + j < length
         valid = (
             in_range
             & shift_left(loss_mask, 1 + j)[:, :span].bool()
             & (shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span] >= 0)
         )
+        # The inputs are the data's tokens, not the drafter's guesses, so logits are needed only where a loss is
+        # taken: the draft lm_head on the valid rows (N, Vd) instead of every (padded) position.
+        logits = drafter.logits(hidden[valid])  # (N, Vd)
         step_target = TargetDistribution(
-            shift_left(target.probs, 1 + j)[:, :span],
-            None if target.indices is None else shift_left(target.indices, 1 + j)[:, :span],
+            shift_left(target.probs, 1 + j)[:, :span][valid],
+            None if target.indices is None else shift_left(target.indices, 1 + j)[:, :span][valid],
         )
-        step_loss = masked_mean(soft_cross_entropy(logits, step_target), valid)
+        step_loss = soft_cross_entropy(logits, step_target).mean() if len(logits) else logits.sum()
         loss = loss + decay**j * step_loss
-        hits = logits.argmax(-1) == shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span]
+        hits = logits.argmax(-1) == shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span][valid]
         stats[f"loss/step{j + 1}"] = torch.stack([step_loss.detach(), step_loss.new_ones(())])
-        stats[f"top1/step{j + 1}"] = _ratio(hits, valid)
+        stats[f"top1/step{j + 1}"] = torch.stack([hits.sum().float(), valid.sum().float()])
     return loss, stats

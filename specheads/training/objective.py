@@ -62,9 +62,10 @@ class MedusaObjective(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
         hidden = features.hidden_states[self.head.layer_ids[0]].to(_param_dtype(self.head))  # (B, T, H)
-        logits = self.head(hidden)  # (K, B, T, V)
         target = target_distribution(features) if self.soft_labels else None
-        return medusa_loss(logits, batch["input_ids"], batch["loss_mask"], self.decay, target)
+        return medusa_loss(
+            self.head.head_hidden(hidden), batch["input_ids"], batch["loss_mask"], self.decay, target, self.head.project
+        )
 
 
 class Medusa2Objective(nn.Module):
@@ -90,9 +91,13 @@ class Medusa2Objective(nn.Module):
             )
         layer = self.head.layer_ids[0]
         out = self.adapted(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-        logits = self.head(out.hidden_states[layer])  # (K, B, T, V)
         heads_loss, stats = medusa_loss(
-            logits, input_ids, batch["loss_mask"], self.decay, original if self.soft_labels else None
+            self.head.head_hidden(out.hidden_states[layer]),
+            input_ids,
+            batch["loss_mask"],
+            self.decay,
+            original if self.soft_labels else None,
+            self.head.project,
         )
         kl, kl_stats = lora_distill_loss(out.logits, original, attention_mask)
         return heads_loss + self.distill_weight * kl, {**stats, **kl_stats}
@@ -121,15 +126,17 @@ class Eagle1Objective(nn.Module):
         length = inputs.shape[1]
         positions = torch.arange(length, device=inputs.device).expand(inputs.shape[0], length)
         mask = padding_causal_mask(batch["attention_mask"][:, :length], inputs.dtype)
-        hidden, logits = self.head(inputs, batch["input_ids"][:, 1:], positions, attention_mask=mask)
+        hidden, _ = self.head(inputs, batch["input_ids"][:, 1:], positions, attention_mask=mask, with_logits=False)
         target = target_distribution(features).narrow(1, length)  # the target at t+1 predicts token t+2
         valid = batch["loss_mask"][:, 1:].bool() & batch["attention_mask"][:, 1:].bool()
+        # The loss reads only the valid rows: project just those through the (full-vocabulary) lm_head.
+        rows = hidden[valid]  # (N, H)
         return eagle1_loss(
-            hidden,
-            logits,
-            fused[:, 1:].detach(),
-            target,
-            valid,
+            rows,
+            self.head.logits(rows),
+            fused[:, 1:].detach()[valid],
+            TargetDistribution(target.probs[valid], None if target.indices is None else target.indices[valid]),
+            valid.new_ones(rows.shape[0]),
             self.loss_cfg.feature_weight,
             self.loss_cfg.token_weight,
         )

@@ -4,10 +4,10 @@ Real target (SmolLM2-135M-Instruct), chat-templated Spec-Bench prompts (tests/de
 questions: MT-bench categories, translation, summarization, QA, math reasoning), 64 new tokens each. Drafters are
 untrained or random: correctness must not depend on draft quality.
 
-CI budget (2 CPU cores): every prompt's greedy baseline is computed once per session and shared. The cheapest
-drafter (prompt lookup, a chain) runs on all 22 prompts; each other drafter/tree combination runs on 5 prompts
-spread over the categories (Medusa static tree and chain, EAGLE-1 dynamic tree, EAGLE-3 dynamic tree and chain,
-a 4-layer truncated draft model with adaptive chain length).
+CI budget (2 CPU cores): every prompt's greedy baseline is computed once per session and shared. Every drafter
+runs on at least 20 prompts with its default tree: prompt lookup (chain) on all 22, Medusa on a static tree,
+EAGLE-1 and EAGLE-3 on dynamic trees and a 4-layer truncated draft model (adaptive chain) on 20. The chain
+variants of Medusa and EAGLE-3 run on 5 prompts spread over the categories.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ TREES = Path(__file__).resolve().parents[2] / "configs" / "trees"
 MAX_NEW_TOKENS = 64
 PROMPTS = [json.loads(line)["prompt"] for line in (FIXTURES / "spec_bench_prompts.jsonl").read_text().splitlines()]
 FEW = [0, 5, 9, 16, 19]  # writing, reasoning, coding, translation, math reasoning
+TWENTY = [i for i in range(len(PROMPTS)) if i not in (3, 13)][:20]  # two of the 22 left out to fit CI time
 
 
 @pytest.fixture(scope="session")
@@ -83,9 +84,12 @@ def test_prompt_lookup_all_prompts(smollm2, greedy_baseline):
     check_equivalence(smollm2, greedy_baseline, "prompt-lookup", list(range(len(PROMPTS))))
 
 
-@pytest.mark.parametrize(
-    "drafter_name",
-    ["medusa-tree", "medusa-chain", "eagle1-dynamic", "eagle3-dynamic", "eagle3-chain", "draft-model"],
-)
-def test_drafters_few_prompts(smollm2, greedy_baseline, drafter_name):
+@pytest.mark.parametrize("drafter_name", ["medusa-tree", "eagle1-dynamic", "eagle3-dynamic", "draft-model"])
+def test_drafters_twenty_prompts(smollm2, greedy_baseline, drafter_name):
+    assert len(TWENTY) == 20
+    check_equivalence(smollm2, greedy_baseline, drafter_name, TWENTY)
+
+
+@pytest.mark.parametrize("drafter_name", ["medusa-chain", "eagle3-chain"])
+def test_chains_few_prompts(smollm2, greedy_baseline, drafter_name):
     check_equivalence(smollm2, greedy_baseline, drafter_name, FEW)

@@ -70,6 +70,19 @@ def test_invalid_configs_fail_with_what_is_valid(override, expected):
         load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [override])
 
 
+def test_mixed_precision_no_survives_yaml_booleans():
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["train.mixed_precision=no"])
+    assert cfg.train.mixed_precision == "no"
+
+
+def test_fp16_on_a_cpu_only_machine_is_an_error_not_a_silent_fp32_run():
+    from specheads.training.loop import train
+
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["train.mixed_precision=fp16"])
+    with pytest.raises(ValueError, match="fp16 needs a GPU.*use train.mixed_precision=bf16"):
+        train(cfg)
+
+
 def test_missing_file_is_an_error():
     with pytest.raises(ConfigError, match="config file not found"):
         load_config("configs/nope.yaml")

@@ -55,10 +55,33 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
 
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
     assert [r["world"] for r in ranks] == [2, 2]
-    assert all(("DEEPSPEED" in r["distributed_type"]) == deepspeed for r in ranks), ranks
+    assert all(r["distributed_type"] == ("DistributedType.DEEPSPEED" if deepspeed else "DistributedType.MULTI_CPU")
+               for r in ranks), ranks  # fmt: skip
     assert ranks[0]["step"] == ranks[1]["step"] == 3
     assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
     assert ranks[0]["metrics"] == ranks[1]["metrics"]  # eval metrics are reduced over both ranks
     assert (out / "checkpoints" / "step-00000002").is_dir()
     target, _ = load_target(Path(tiny_target_dir))
     load_head(out, target)
+
+
+def test_fsdp_config_builds_accelerates_fsdp2_plugin(monkeypatch):
+    """FSDP cannot start here: Accelerate turns it on only for accelerator devices (MULTI_GPU, NPU, XPU, ...) and
+    runs the same launch as plain DDP (MULTI_CPU) on a CPU-only machine. What can be checked without a GPU is
+    everything up to the device: `accelerate launch --config_file configs/accelerate/fsdp.yaml` yields the environment
+    that builds Accelerate's FSDP2 plugin with our settings (only the objective is wrapped, as one unit)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    config = REPO / "configs" / "accelerate" / "fsdp.yaml"
+    args = launch_command_parser().parse_args(["--config_file", str(config), "--num_processes", "2", "train.py"])
+    args, _, _ = _validate_launch_command(args)
+    env = prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert plugin.auto_wrap_policy is None  # NO_WRAP: the small objective is one FSDP unit
+    assert "SHARDED_STATE_DICT" in str(plugin.state_dict_type)

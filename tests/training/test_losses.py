@@ -100,14 +100,18 @@ def test_eagle3_unroll_equals_running_each_chain_separately(tiny_llama):
     target = TargetDistribution.from_logits(torch.randn(batch, length, 128))
     outputs = []
 
-    def recording_drafter(*args, **kwargs):
-        hidden, logits = drafter(*args, **kwargs)
-        outputs.append(logits)
-        return hidden, logits
+    class RecordingDrafter:  # records every step's logits at all positions, whatever rows the loss reads
+        def __call__(self, *args, **kwargs):
+            hidden, _ = drafter(*args, **kwargs)
+            outputs.append(drafter.logits(hidden))
+            return hidden, None
+
+        def logits(self, hidden):
+            return drafter.logits(hidden)
 
     with torch.no_grad():
         eagle3_ttt_loss(
-            recording_drafter, drafter.new_cache(), features, ids, torch.ones_like(ids), torch.ones_like(ids),
+            RecordingDrafter(), drafter.new_cache(), features, ids, torch.ones_like(ids), torch.ones_like(ids),
             target, drafter.d2t, drafter.t2d, steps, decay=0.8,
         )  # fmt: skip
         for t in range(length - 1):
