@@ -29,6 +29,7 @@ TRAIN_OVERRIDES = [
     f"train.output_dir={HEAD_DIR}",
     "train.max_steps=120",
     "train.batch_size=4",
+    "train.group_by_length=true",
     "train.lr=1e-3",
     "train.warmup_steps=10",
     "train.eval_every=60",
