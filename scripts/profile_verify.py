@@ -12,6 +12,7 @@ import statistics
 import time
 
 import torch
+from transformers import DynamicCache
 
 from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.kv_cache import crop_to
@@ -33,7 +34,8 @@ def main() -> None:
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, args.prefix), generator=generator)
-    cache = model(input_ids=prompt, use_cache=True).past_key_values
+    cache = DynamicCache(config=model.config)
+    model(input_ids=prompt, cache=cache, use_cache=True)
     times: dict[tuple[int, bool], list[float]] = {}
     for _ in range(args.repeats):
         for n in SIZES:
