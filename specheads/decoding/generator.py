@@ -136,15 +136,28 @@ class SpeculativeGenerator:
         eos = tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
 
-    def generate(self, *args: Any, **kwargs: Any) -> GenerationResult:
-        """See ``_generate``; runs it under ``small_batch_linear`` on the target (and a model drafter) if enabled."""
+    def generate(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        stop: Sequence[str] = (),
+        seed: int | None = None,
+        stream: Callable[[str], None] | None = None,
+    ) -> GenerationResult:
+        """Generate from a prompt (text, chat messages or token ids); see the class docstring for the stats.
+
+        Runs under ``small_batch_linear`` on the target (and a module drafter) when ``cpu_small_batch_linear``.
+        """
         with contextlib.ExitStack() as stack:
             if self.cpu_small_batch_linear:
                 drafter_modules = [getattr(self.drafter, name, None) for name in ("model", "head")]
                 for module in [self.target, *drafter_modules]:
                     if isinstance(module, torch.nn.Module):
                         stack.enter_context(small_batch_linear(module))
-            return self._generate(*args, **kwargs)
+            return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, stop, seed, stream)
 
     @torch.inference_mode()
     def _generate(
