@@ -4,7 +4,7 @@ import os
 
 import pytest
 import torch
-from conftest import SMOLLM2, make_tiny_llama
+from tiny_models import SMOLLM2, make_tiny_llama
 from transformers import LlamaForCausalLM, T5Config
 
 from specheads.target import (

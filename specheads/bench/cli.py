@@ -23,8 +23,10 @@ from specheads.bench.report import OVERALL, aggregate, write_report
 from specheads.bench.runner import run_benchmark
 from specheads.decoding.cost_model import CostCurve, load_or_measure_cost_curve
 
-BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup")
-"""Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads."""
+BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "specheads-plain")
+"""Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads.
+``specheads-plain`` is specheads' loop with no drafter (every tree is the root alone): the gap between it and
+``generate`` is loop overhead, not drafting, so a head's speedup over it is what its drafts alone buy."""
 
 DEFAULT_CALIBRATION_DATA = Path(__file__).resolve().parents[2] / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
 
@@ -121,6 +123,9 @@ def build_methods(
         assistant.requires_grad_(False)
         methods.append(hf_method("hf-assisted", target, description=f"assistant_model: {label}", assistant=assistant))
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
+    if "specheads-plain" in settings.methods:
+        spec = DrafterSpec(None, "root only (no drafter)")
+        methods.append(_specheads("specheads-plain", target, tokenizer, spec, acceptance, "no drafter"))
     if "specheads-lookup" in settings.methods:
         spec = prompt_lookup_drafter(settings.prompt_lookup_tokens)
         methods.append(_specheads("specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup"))

@@ -83,12 +83,15 @@ def auto_drafter(
     draft_cost = DraftCost(fixed_s=per_step) if head.head_type == "medusa" else DraftCost(per_depth_s=per_step / depth)
     max_nodes = 63 if head.head_type != "draft_model" else CALIBRATION_CHAIN_DEPTH
     choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead_s / max(steps, 1), max_nodes)
-    note = "" if choice.num_nodes else " (drafting does not pay here; verifying one guess per step instead)"
+    note = "" if choice.num_nodes else " (drafting does not pay here: plain decoding, the head is not used)"
     return DrafterSpec(_drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice)
 
 
 def _drafter_for_choice(head: Any, choice: TreeChoice) -> Any:
-    choices = choice.choices or [[0]]  # drafting never pays: still verify one guess so the head is exercised
+    """The drafter for a chosen tree; None (plain decoding) when the cost model found that no guess pays."""
+    choices = choice.choices
+    if not choices:
+        return None
     depth = max(len(c) for c in choices)
     if head.head_type == "medusa":
         return MedusaDrafter(head, static_tree(choices))

@@ -34,7 +34,7 @@ from specheads.decoding.tree import chain_parents
 from specheads.decoding.verify import verify_tree
 
 COST_SIZES = (1, 2, 4, 8, 16, 32, 64)
-COST_CURVE_VERSION = 2  # bump when what is timed changes (2: verification under small_batch_linear)
+COST_CURVE_VERSION = 3  # bump when what is timed changes (2: under small_batch_linear; 3: its row-major output)
 """Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
 
 Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"

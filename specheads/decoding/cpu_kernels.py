@@ -29,7 +29,9 @@ def _linear(module: nn.Linear, x: torch.Tensor, max_rows: int) -> torch.Tensor:
     rows = x.numel() // x.shape[-1]
     if not 2 <= rows <= max_rows or x.device.type != "cpu" or x.dtype != torch.float32 or x.requires_grad:
         return F.linear(x, module.weight, module.bias)
-    out = torch.mm(module.weight, x.reshape(rows, x.shape[-1]).t()).t()  # (rows, out)
+    # (rows, out), made row-major: a transposed view would send the next product down MKL's slow path for a
+    # column-major operand and make SDPA's flash kernel refuse q/k/v whose last dimension is strided.
+    out = torch.mm(module.weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()
     if module.bias is not None:
         out = out + module.bias
     return out.reshape(*x.shape[:-1], module.out_features)

@@ -30,8 +30,16 @@ class HeadLoadError(RuntimeError):
     """A saved head could not be loaded strictly."""
 
 
-def load_head(dir_or_hub_id: str | os.PathLike, target: PreTrainedModel, revision: str | None = None) -> DraftHead:
-    """Load a saved head onto ``target``, strictly, in eval mode with gradients off (inference use)."""
+def load_head(
+    dir_or_hub_id: str | os.PathLike,
+    target: PreTrainedModel,
+    revision: str | None = None,
+    trainable: bool = False,
+) -> DraftHead:
+    """Load a saved head onto ``target``, strictly, in eval mode with gradients off (inference use).
+
+    ``trainable=True`` keeps train mode and the gradients of a freshly built head (to continue training from it).
+    """
     folder = _resolve_folder(dir_or_hub_id, revision)
     meta = read_head_config(folder)
     head_cls = HEADS[meta["head_type"]]
@@ -41,8 +49,9 @@ def load_head(dir_or_hub_id: str | os.PathLike, target: PreTrainedModel, revisio
     head = builder(config, target)
     _load_weights_strict(head, folder / WEIGHTS_NAME)
     head.to(target.device)
-    head.eval()
-    head.requires_grad_(False)
+    if not trainable:
+        head.eval()
+        head.requires_grad_(False)
     return head
 
 

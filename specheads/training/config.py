@@ -45,6 +45,7 @@ class HeadSection:
 
     type: str = "medusa"
     options: dict[str, Any] = field(default_factory=dict)
+    init_from: str | None = None  # a saved head folder to start from (warm start); its config is used
 
 
 @dataclass

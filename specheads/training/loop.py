@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps
+from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
 from specheads.target import load_target
 from specheads.training.checkpoint import read_step, resolve_resume, save_checkpoint
 from specheads.training.config import TrainConfig, to_container, to_yaml
@@ -105,7 +105,12 @@ def weights_checksum(module: torch.nn.Module) -> float:
 
 
 def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:
-    """The head named by ``cfg.head``; an EAGLE-3 reduced vocabulary is built from the training tokens."""
+    """The head named by ``cfg.head``; an EAGLE-3 reduced vocabulary is built from the training tokens.
+
+    With ``head.init_from`` the saved head is loaded instead (its config and, for EAGLE-3, its draft vocabulary).
+    """
+    if cfg.head.init_from:
+        return _warm_start(cfg, target)
     head_cls = HEADS[cfg.head.type]
     config = head_cls.config_class.from_dict(copy.deepcopy(dict(cfg.head.options)))
     vocab = target.config.get_text_config().vocab_size
@@ -114,6 +119,24 @@ def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) ->
         d2t, _ = build_vocab_maps(_loss_tokens(train_dataset), vocab, draft_vocab)
         return EagleDrafter(config, target, d2t=d2t)
     return head_cls(config, target)
+
+
+def _warm_start(cfg: TrainConfig, target: PreTrainedModel) -> DraftHead:
+    head = load_head(cfg.head.init_from, target, trainable=True)
+    if head.head_type != cfg.head.type:
+        raise ValueError(
+            f"head.init_from={cfg.head.init_from!r} holds a {head.head_type!r} head but head.type is "
+            f"{cfg.head.type!r}; set head.type={head.head_type} or start from a {cfg.head.type} head"
+        )
+    saved = head.config.to_dict() if hasattr(head.config, "to_dict") else vars(head.config)
+    conflicts = {k: (v, saved[k]) for k, v in cfg.head.options.items() if k in saved and saved[k] != v}
+    if conflicts:
+        listed = ", ".join(f"{k}: config {v!r} vs saved {s!r}" for k, (v, s) in conflicts.items())
+        raise ValueError(
+            f"head.options disagree with the head in head.init_from={cfg.head.init_from!r} ({listed}); a warm start "
+            "keeps the saved architecture: drop these options or make them match"
+        )
+    return head
 
 
 def chain_acceptance(metrics: dict[str, float], prefix: str) -> list[float]:

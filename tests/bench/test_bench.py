@@ -34,7 +34,7 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
         max_new_tokens=16,
         heads=[str(head_dir)],
         trees=["chain:2"],
-        methods=[],
+        methods=["specheads-plain"],
         out=str(tmp_path / "out"),
         progress=False,
     )
@@ -43,7 +43,9 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     assert set(paths) == {"json", "markdown", "speedup_png", "acceptance_png"}
     loaded = json.loads(paths["json"].read_text())
     assert loaded["categories"] == ["mt_bench", "translation"]
-    assert list(loaded["results"]) == ["generate", "specheads-medusa-untrained"]
+    assert list(loaded["results"]) == ["generate", "specheads-plain", "specheads-medusa-untrained"]
+    plain = loaded["results"]["specheads-plain"][OVERALL]
+    assert plain["tau"] == 1.0 and plain["identical"] == plain["compared"] == 2  # the loop alone: one token a step
     medusa = loaded["results"]["specheads-medusa-untrained"]
     assert medusa[OVERALL]["compared"] == 2 and medusa[OVERALL]["identical"] == 2  # greedy Medusa is lossless
     assert loaded["mismatches"] == []

@@ -111,3 +111,20 @@ def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
     plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=12)
     drafted = SpeculativeGenerator(tiny_llama, WordTokenizer(), spec.drafter).generate(prompts[0], max_new_tokens=12)
     assert drafted.token_ids == plain.token_ids
+
+
+def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
+    """A device where verifying a second token costs 50x the first: the auto tree is the root alone, no drafter."""
+    import torch
+
+    from specheads.bench.drafters import auto_drafter
+    from specheads.decoding.cost_model import CostCurve
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    head = MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), tiny_llama).eval()
+    steep = CostCurve(sizes=[1, 2, 64], seconds=[0.01, 0.5, 5.0])
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), steep, [torch.randint(0, 128, (12,))], max_new_tokens=8)
+    assert spec.auto is not None and spec.auto.num_nodes == 0 and spec.auto.expected_tau == 1.0
+    assert spec.drafter is None
+    assert "plain decoding" in spec.tree

@@ -48,3 +48,12 @@ def test_gradients_keep_the_stock_path():
     out.sum().backward()
     torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))
     assert x.grad is not None
+
+
+def test_outputs_are_row_major_like_f_linear():
+    """A transposed-view output would send the next layer's product and SDPA (strided q/k/v) to slow kernels."""
+    layer = nn.Linear(48, 80)
+    x = torch.randn(1, 4, 48)
+    with small_batch_linear(layer), torch.no_grad():
+        out = layer(x)
+    assert out.is_contiguous() and out.stride() == F.linear(x, layer.weight, layer.bias).stride()

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import make_tiny_llama
+from tiny_models import make_tiny_llama
 
 from specheads.heads import MEDUSA_HEAD_OFFSET, MedusaConfig, MedusaHeads, predicted_offset
 

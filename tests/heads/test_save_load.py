@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-from conftest import make_tiny_llama
 from safetensors.torch import load_file, save_file
+from tiny_models import make_tiny_llama
 
 from specheads.heads import (
     DraftModel,

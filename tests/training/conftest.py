@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_helpers import REPO
 from transformers import LlamaConfig, LlamaForCausalLM
 
-REPO = Path(__file__).resolve().parents[2]
 DISTILL = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"  # committed self-distilled set (data/README.md)
 
 
@@ -56,24 +56,3 @@ def tiny_target_dir(tmp_path_factory) -> Path:
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-
-
-def tiny_overrides(target_dir: Path, data_file: Path, output_dir: Path, **train: object) -> list[str]:
-    """Dotted overrides for a seconds-long run on the tiny target; ``train`` keys override ``train.*``."""
-    settings = {
-        "max_steps": 4,
-        "batch_size": 4,
-        "eval_batch_size": 4,
-        "eval_every": 0,
-        "log_every": 1,
-        "progress_bar": False,
-        "output_dir": str(output_dir),
-        **train,
-    }
-    return [
-        f"target.name={target_dir}",
-        f"data.paths=[{data_file}]",
-        "data.max_length=64",
-        "data.eval_size=8",
-        *(f"train.{key}={value}" for key, value in settings.items()),
-    ]

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, tiny_overrides
+from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target

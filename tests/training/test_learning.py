@@ -7,7 +7,7 @@ Kept small for a 2-core CI machine: 2 x 96-token samples per step, 6-10 steps, s
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from train_helpers import REPO
 
 from specheads.heads import load_head
 from specheads.training.config import load_config

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import torch
-from conftest import REPO, tiny_overrides
+from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, tiny_overrides
+from train_helpers import REPO, tiny_overrides
 
 from specheads.training.config import load_config
 from specheads.training.data_cli import data_main

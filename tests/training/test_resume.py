@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import safetensors.torch
 import torch
-from conftest import REPO, tiny_overrides
+from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target
@@ -73,3 +73,29 @@ def test_length_grouped_order_is_a_seeded_permutation_per_epoch():
 
     shuffled = torch.randperm(400, generator=torch.Generator().manual_seed(1)).tolist()
     assert padded_tokens(first) < 0.75 * padded_tokens(shuffled)
+
+
+def test_warm_start_continues_from_a_saved_head(tiny_target_dir, small_chat_file, tmp_path):
+    """``head.init_from``: a second run starts from the first run's saved weights (not a fresh init) and trains on."""
+    kw = dict(max_steps=2, batch_size=2, warmup_steps=1)
+    first = train(
+        load_config(
+            EAGLE1, ["data.max_samples=16"] + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "a", **kw)
+        )
+    )
+    assert first.finished
+    zero_lr = ["data.max_samples=16", f"head.init_from={tmp_path / 'a'}", "train.lr=0.0"]
+    still = train(load_config(EAGLE1, zero_lr + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "b", **kw)))
+    assert still.finished
+    saved, kept = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    for name in saved:  # lr 0: the warm-started head is exactly the saved one
+        torch.testing.assert_close(kept[name], saved[name], msg=name)
+
+    moved = ["data.max_samples=16", f"head.init_from={tmp_path / 'a'}"]
+    train(load_config(EAGLE1, moved + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "c", **kw)))
+    trained = _weights(tmp_path / "c")
+    assert any(not torch.equal(trained[name], saved[name]) for name in saved)  # gradients flow after a warm start
+
+    wrong = ["data.max_samples=16", f"head.init_from={tmp_path / 'a'}", "head.options.version=3"]
+    with pytest.raises(ValueError, match="head.options disagree"):
+        train(load_config(EAGLE1, wrong + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "d", **kw)))

@@ -6,7 +6,7 @@ import json
 import struct
 from pathlib import Path
 
-from conftest import REPO, tiny_overrides
+from train_helpers import REPO, tiny_overrides
 
 from specheads.training.config import load_config
 from specheads.training.loop import train

@@ -1,0 +1,29 @@
+"""Plain helpers shared by tests (import them from here, not from a conftest: several conftest modules exist and
+``from conftest import ...`` resolves to whichever pytest imported first)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SMOLLM2 = "smollm2-135m-instruct"
+
+
+def make_tiny_llama(seed: int = 0, vocab_size: int = 128, num_layers: int = 2) -> LlamaForCausalLM:
+    """A tiny random Llama (hidden 64) that behaves like a real target: frozen, eval mode, sdpa attention."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config).eval()
+    model.config.name_or_path = "tiny-random-llama"
+    model.requires_grad_(False)
+    return model
