@@ -20,7 +20,7 @@ from specheads.decoding.tree import chain_parents
 from specheads.decoding.verify import verify_tree
 from specheads.target import load_target
 
-SIZES = (1, 2, 4, 8, 16, 32, 64)
+SIZES = (1, 2, 3, 4, 8, 16, 32, 64)
 
 
 @torch.inference_mode()

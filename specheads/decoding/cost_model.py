@@ -33,8 +33,8 @@ from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.tree import chain_parents
 from specheads.decoding.verify import verify_tree
 
-COST_SIZES = (1, 2, 4, 8, 16, 32, 64)
-COST_CURVE_VERSION = 3  # bump when what is timed changes (2: under small_batch_linear; 3: its row-major output)
+COST_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
+COST_CURVE_VERSION = 4  # bump when what is timed changes (2: small_batch_linear; 3: row-major output; 4: sizes)
 """Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
 
 Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"
