@@ -128,7 +128,7 @@ def _warm_start(cfg: TrainConfig, target: PreTrainedModel) -> DraftHead:
             f"head.init_from={cfg.head.init_from!r} holds a {head.head_type!r} head but head.type is "
             f"{cfg.head.type!r}; set head.type={head.head_type} or start from a {cfg.head.type} head"
         )
-    saved = head.config.to_dict() if hasattr(head.config, "to_dict") else vars(head.config)
+    saved = head.config.to_dict()
     conflicts = {k: (v, saved[k]) for k, v in cfg.head.options.items() if k in saved and saved[k] != v}
     if conflicts:
         listed = ", ".join(f"{k}: config {v!r} vs saved {s!r}" for k, (v, s) in conflicts.items())

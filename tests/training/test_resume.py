@@ -99,3 +99,6 @@ def test_warm_start_continues_from_a_saved_head(tiny_target_dir, small_chat_file
     wrong = ["data.max_samples=16", f"head.init_from={tmp_path / 'a'}", "head.options.version=3"]
     with pytest.raises(ValueError, match="head.options disagree"):
         train(load_config(EAGLE1, wrong + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "d", **kw)))
+    medusa = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+    with pytest.raises(ValueError, match="holds a 'eagle' head but head.type is 'medusa'"):
+        train(load_config(medusa, moved + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "e", **kw)))
