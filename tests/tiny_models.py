@@ -9,7 +9,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 SMOLLM2 = "smollm2-135m-instruct"
 
 
-def make_tiny_llama(seed: int = 0, vocab_size: int = 128, num_layers: int = 2) -> LlamaForCausalLM:
+def make_tiny_llama(
+    seed: int = 0, vocab_size: int = 128, num_layers: int = 2, tie_word_embeddings: bool = False
+) -> LlamaForCausalLM:
     """A tiny random Llama (hidden 64) that behaves like a real target: frozen, eval mode, sdpa attention."""
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -20,7 +22,7 @@ def make_tiny_llama(seed: int = 0, vocab_size: int = 128, num_layers: int = 2) -
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
         attn_implementation="sdpa",
     )
     model = LlamaForCausalLM(config).eval()

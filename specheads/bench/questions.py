@@ -69,6 +69,20 @@ def select_per_category(
     return [q for category in chosen for q in by_category[category][:per_category]]
 
 
+def held_out_questions(questions: list[Question], measured: list[Question], count: int) -> list[Question]:
+    """``count`` questions that are not measured, taken round-robin over the measured categories (file order within
+    each): calibration prompts from the benchmark's distribution that the reported numbers never see."""
+    measured_ids = {q.question_id for q in measured}
+    categories = list(dict.fromkeys(q.category for q in measured))
+    pools = {c: [q for q in questions if q.category == c and q.question_id not in measured_ids] for c in categories}
+    chosen: list[Question] = []
+    while len(chosen) < count and any(pools.values()):
+        for category in categories:
+            if pools[category] and len(chosen) < count:
+                chosen.append(pools[category].pop(0))
+    return chosen
+
+
 def find_default_questions(repo_root: Path | None = None) -> Path:
     """``../shared/data/spec_bench/question.jsonl`` next to the repository (or the current directory)."""
     roots = [repo_root] if repo_root is not None else []

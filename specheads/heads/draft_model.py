@@ -21,6 +21,9 @@ from specheads.heads.config import HeadConfig, HeadConfigError, TargetRecord
 class DraftModelConfig(HeadConfig):
     model_config: dict[str, Any] = field(default_factory=dict)
     """The small LM's own transformers config (``PretrainedConfig.to_dict()``); ``model_type`` selects the class."""
+    copy_target_layers: int = 0
+    """With an empty ``model_config``: build the draft model as a copy of the target's embedding, first
+    ``copy_target_layers`` layers, final norm and lm_head (weights copied), e.g. as the start of distillation."""
 
 
 class DraftModel(DraftHead):
@@ -33,8 +36,14 @@ class DraftModel(DraftHead):
         record = TargetRecord.from_model(target)
         if not config.target.name_or_path:
             config.target = record
-        if not config.model_config:
-            raise HeadConfigError("DraftModelConfig.model_config is empty; use DraftModel.from_target(...) or pass one")
+        copy_weights = not config.model_config
+        if copy_weights:
+            if config.copy_target_layers < 1:
+                raise HeadConfigError(
+                    "DraftModelConfig needs a small model: set model_config (a transformers config dict) or "
+                    "copy_target_layers (how many of the target's first layers to copy), e.g. copy_target_layers=4"
+                )
+            config.model_config = _truncated_config(target, config.copy_target_layers).to_dict()
         model_config = dict(config.model_config)
         model_type = model_config.pop("model_type", None)
         if model_type is None:
@@ -47,26 +56,28 @@ class DraftModel(DraftHead):
             )
         hf_config._attn_implementation = target.config._attn_implementation
         self.model = AutoModelForCausalLM.from_config(hf_config, dtype=next(target.parameters()).dtype)
+        if copy_weights:
+            source = target.state_dict()
+            with torch.no_grad():
+                for name, tensor in self.model.state_dict().items():
+                    tensor.copy_(source[name])
 
     @classmethod
     def from_target(cls, target: PreTrainedModel, num_layers: int) -> DraftModel:
         """A truncated copy of the target: its embedding, first ``num_layers`` layers, final norm and lm_head."""
-        total = target.config.get_text_config().num_hidden_layers
-        if not 0 < num_layers <= total:
-            raise ValueError(f"num_layers must be in [1, {total}], found {num_layers}")
-        small = copy.deepcopy(target.config.get_text_config())
-        small.num_hidden_layers = num_layers
-        if getattr(small, "layer_types", None) is not None:
-            small.layer_types = small.layer_types[:num_layers]
-        head = cls(DraftModelConfig(model_config=small.to_dict()), target)
-        own = head.model.state_dict()
-        source = target.state_dict()
-        with torch.no_grad():
-            for name, tensor in own.items():
-                tensor.copy_(source[name])
-        head.model.requires_grad_(True)
-        return head
+        return cls(DraftModelConfig(copy_target_layers=num_layers), target)
 
     def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> Any:
         """Plain causal-LM forward of the small model (accepts ``attention_mask``, ``position_ids``, ``cache``)."""
         return self.model(input_ids=input_ids, **kwargs)
+
+
+def _truncated_config(target: PreTrainedModel, num_layers: int) -> Any:
+    total = target.config.get_text_config().num_hidden_layers
+    if not 0 < num_layers <= total:
+        raise HeadConfigError(f"copy_target_layers must be in [1, {total}] (the target's layers), found {num_layers}")
+    small = copy.deepcopy(target.config.get_text_config())
+    small.num_hidden_layers = num_layers
+    if getattr(small, "layer_types", None) is not None:
+        small.layer_types = small.layer_types[:num_layers]
+    return small

@@ -112,7 +112,7 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
         raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err
     expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
-    tied = _tied_aliases(head)
+    tied = _tied_aliases(head, set(saved))
     missing = sorted(set(expected) - set(saved) - tied)
     unexpected = sorted(set(saved) - set(expected))
     if missing or unexpected:
@@ -130,17 +130,13 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
         raise HeadLoadError(f"{path} could not be read ({err}); the file is corrupt or truncated") from err
 
 
-def _tied_aliases(head: DraftHead) -> set[str]:
-    """State-dict names that share storage with an earlier name (safetensors saves such tensors once)."""
-    seen: dict[tuple[int, int], str] = {}
-    aliases = set()
+def _tied_aliases(head: DraftHead, saved: set[str]) -> set[str]:
+    """Names that share storage with a saved name: safetensors stores a tied group once, under one of its names
+    (``save_model`` keeps the alphabetically first, e.g. ``lm_head.weight`` over ``model.embed_tokens.weight``)."""
+    groups: dict[tuple[int, int], list[str]] = {}
     for name, tensor in head.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key in seen:
-            aliases.add(name)
-        else:
-            seen[key] = name
-    return aliases
+        groups.setdefault((tensor.untyped_storage().data_ptr(), tensor.storage_offset()), []).append(name)
+    return {name for names in groups.values() if len(names) > 1 and saved & set(names) for name in names}
 
 
 LORA_DIR = "lora"

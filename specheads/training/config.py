@@ -21,7 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 from specheads.training.data import DataConfig
 
 FEATURE_MODES = ("online", "offline")
-MEDUSA_LABELS = ("hard", "soft")
+LABEL_KINDS = ("hard", "soft")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 TRACKERS = ("none", "wandb", "tensorboard")
@@ -68,6 +68,8 @@ class LossSection:
     feature_weight: float = 1.0  # EAGLE-1 SmoothL1 feature regression
     token_weight: float = 0.1  # EAGLE-1 cross-entropy against the target distribution
     input_noise: float = 0.0  # EAGLE-1: uniform noise U(-a, a) added to input features
+    draft_labels: str = "soft"  # draft model: soft = distill the target's distribution; hard = the data tokens
+    chain_depth: int = 5  # draft model: guesses per chain whose acceptance eval reports (eval/top1/step1..K, tau)
 
 
 @dataclass
@@ -169,7 +171,8 @@ def validate(cfg: TrainConfig) -> None:
 
     _check_choice("head.type", cfg.head.type, tuple(HEADS))
     _check_choice("features.mode", cfg.features.mode, FEATURE_MODES)
-    _check_choice("loss.medusa_labels", cfg.loss.medusa_labels, MEDUSA_LABELS)
+    _check_choice("loss.medusa_labels", cfg.loss.medusa_labels, LABEL_KINDS)
+    _check_choice("loss.draft_labels", cfg.loss.draft_labels, LABEL_KINDS)
     _check_choice("train.scheduler", cfg.train.scheduler, SCHEDULERS)
     if cfg.train.mixed_precision in ("False", "false"):  # YAML 1.1 reads a bare `no` as a boolean
         cfg.train.mixed_precision = "no"
@@ -192,8 +195,9 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("max_steps", "batch_size", "eval_batch_size", "grad_accum", "keep_last", "log_every"):
         if getattr(cfg.train, name) < 1:
             raise ConfigError(f"train.{name} must be >= 1, found {getattr(cfg.train, name)}.")
-    if cfg.loss.ttt_steps < 1:
-        raise ConfigError(f"loss.ttt_steps must be >= 1, found {cfg.loss.ttt_steps}.")
+    for name in ("ttt_steps", "chain_depth"):
+        if getattr(cfg.loss, name) < 1:
+            raise ConfigError(f"loss.{name} must be >= 1, found {getattr(cfg.loss, name)}.")
 
 
 def to_container(cfg: TrainConfig) -> dict[str, Any]:

@@ -72,13 +72,16 @@ def extract_features(
     target's); top-k probabilities are computed in fp32 before the cast.
     """
     num_layers = target.config.get_text_config().num_hidden_layers
-    if not layer_ids or not all(0 <= i <= num_layers for i in layer_ids):
-        raise ValueError(f"layer_ids={layer_ids} must be HF hidden-state indices in 0..{num_layers} (N = final norm).")
     needs_logits = with_logits or topk is not None
+    if not (layer_ids or needs_logits) or not all(0 <= i <= num_layers for i in layer_ids):
+        raise ValueError(
+            f"layer_ids={layer_ids} must be HF hidden-state indices in 0..{num_layers} (N = final norm); "
+            "an empty list only when logits or top-k probabilities are asked for."
+        )
     out = target(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        output_hidden_states=list(layer_ids),
+        output_hidden_states=list(layer_ids) or False,
         logits_to_keep=0 if needs_logits else 1,  # 0 keeps every position; 1 skips the (B, T, V) lm_head cost
         use_cache=False,
     )

@@ -95,11 +95,15 @@ class Throughput:
 
 
 def weights_checksum(module: torch.nn.Module) -> float:
-    """A cheap fingerprint of the trainable weights (sum and sum of squares in float64)."""
+    """A cheap fingerprint of the trainable weights (sum and sum of squares in float64). Call it on every rank:
+    FSDP2 parameters are sharded DTensors, gathered here (a collective)."""
     total = 0.0
     for param in module.parameters():
         if param.requires_grad:
-            data = param.detach().double()
+            data = param.detach()
+            if hasattr(data, "full_tensor"):
+                data = data.full_tensor()
+            data = data.double()
             total += data.sum().item() + 0.5 * data.square().sum().item()
     return total
 
@@ -172,7 +176,7 @@ class FeatureSource:
                     setattr(cached, name, getattr(cached, name).to(device))
             cached.hidden_states = moved
             return batch, cached
-        if not self.layer_ids:
+        if not (self.layer_ids or self.with_logits):
             return batch, None
         features = extract_features(
             self.target, batch["input_ids"], batch["attention_mask"], self.layer_ids, with_logits=self.with_logits
@@ -312,16 +316,19 @@ def train(
         )
     eval_loader = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=merge)
     groups = parameter_groups(objective, tc.lr, cfg.lora.lr)
-    params = [p for group in groups for p in group["params"]]
     optimizer = torch.optim.AdamW(groups, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
     # Accelerate steps a prepared scheduler once per process per update, so count in those units.
     n = accelerator.num_processes
     scheduler = get_scheduler(
         tc.scheduler, optimizer, num_warmup_steps=tc.warmup_steps * n, num_training_steps=tc.max_steps * n
     )
+    if accelerator.state.deepspeed_plugin is not None:
+        sync_deepspeed_clipping(accelerator.state.deepspeed_plugin.deepspeed_config, tc.max_grad_norm)
     objective, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         objective, optimizer, train_loader, eval_loader, scheduler
     )
+    # After prepare: FSDP replaces parameters by sharded ones, and its clipping needs the model's full list.
+    params = list(objective.parameters())
 
     step = 0
     resume_from = resolve_resume(tc.resume, out)
@@ -404,6 +411,20 @@ def train(
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
+
+
+def sync_deepspeed_clipping(config: dict[str, Any], max_grad_norm: float) -> None:
+    """DeepSpeed clips inside its engine with the JSON's ``gradient_clipping``; Accelerate fills an ``auto`` there with
+    1.0, whatever ``train.max_grad_norm`` says. Put ``train.max_grad_norm`` there instead (0 = no clipping, as in
+    DeepSpeed), and refuse a JSON that sets another value."""
+    clipping = config.get("gradient_clipping", "auto")
+    if clipping == "auto":
+        config["gradient_clipping"] = float(max_grad_norm)
+    elif float(clipping) != float(max_grad_norm):
+        raise ValueError(
+            f"the DeepSpeed config sets gradient_clipping={clipping} but train.max_grad_norm={max_grad_norm}; set "
+            'gradient_clipping to "auto" in the JSON (it then follows train.max_grad_norm) or make them equal'
+        )
 
 
 def _has_accelerator() -> bool:

@@ -1,4 +1,4 @@
-"""Losses and acceptance statistics for Medusa, Medusa-2, EAGLE-1 and EAGLE-3 heads.
+"""Losses and acceptance statistics for Medusa, Medusa-2, EAGLE-1 and EAGLE-3 heads and small draft models.
 
 Conventions (see ``docs/design.md``): the target's distribution at position s predicts token s+1; Medusa head k
 (1-based) at position t predicts token t+k+1; an EAGLE drafter at position t reads the feature of t and token t+1 and
@@ -177,6 +177,47 @@ def eagle1_loss(
         "loss/token": torch.stack([token.detach(), ones]),
         "top1/step1": _ratio(logits.argmax(-1) == target.argmax(), valid),
     }
+
+
+def draft_model_loss(
+    logits: torch.Tensor,
+    valid: torch.Tensor,
+    labels: torch.Tensor,
+    target: TargetDistribution | None,
+    depth: int,
+) -> tuple[torch.Tensor, Stats]:
+    """A small draft model trained towards the target: soft cross-entropy against the target's next-token
+    distribution (distillation, as in DistillSpec https://arxiv.org/abs/2310.08461), or plain CE on ``labels``.
+
+    ``valid`` (B, L) marks the positions trained (assistant tokens); ``logits`` (N, V), ``labels`` (N,) and ``target``
+    hold the N valid positions in row-major order. ``top1/step{k}`` (k = 1..depth) is the acceptance of a greedy
+    chain's k-th guess given the first k-1 were accepted, measured teacher-forced along each sequence: a guess counts
+    when it equals the target's greedy token (the data token without ``target``). On data that is the target's own
+    greedy output this is exactly what chain verification accepts, so ``chain_tau`` of these is the chain's tau.
+    """
+    if target is None:
+        per_token = F.cross_entropy(logits.float(), labels, reduction="none")
+        reference = labels
+    else:
+        per_token = soft_cross_entropy(logits, target)
+        reference = target.argmax()
+    loss = per_token.mean() if len(per_token) else logits.sum() * 0.0
+    top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (N, 5)
+    matched = torch.zeros_like(valid, dtype=torch.bool)
+    matched[valid] = top5[:, 0] == reference
+    stats: Stats = {
+        "loss/token": torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)]),
+        "top5/step1": _ratio((top5 == reference[:, None]).any(-1), torch.ones_like(reference, dtype=torch.bool)),
+    }
+    accepted_so_far = torch.ones_like(matched)  # chains from position s whose guesses so far were all accepted
+    for k in range(1, depth + 1):
+        at_k = shift_left(valid.bool(), k - 1, False)  # the chain's k-th guess is a trained position
+        hit_k = shift_left(matched, k - 1, False)
+        stats[f"top1/step{k}"] = torch.stack(
+            [(accepted_so_far & hit_k).sum().float(), (accepted_so_far & at_k).sum().float()]
+        )
+        accepted_so_far = accepted_so_far & hit_k
+    return loss, stats
 
 
 def ttt_attention_mask(attention_mask: torch.Tensor, step: int, dtype: torch.dtype) -> torch.Tensor:

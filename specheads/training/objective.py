@@ -17,11 +17,12 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from specheads.heads import EagleDrafter, MedusaHeads, padding_causal_mask
+from specheads.heads import DraftModel, EagleDrafter, MedusaHeads, padding_causal_mask
 from specheads.training.config import LoraSection, LossSection
 from specheads.training.losses import (
     Stats,
     TargetDistribution,
+    draft_model_loss,
     eagle1_loss,
     eagle3_ttt_loss,
     lora_distill_loss,
@@ -172,6 +173,35 @@ class Eagle3Objective(nn.Module):
         )
 
 
+class DraftModelObjective(nn.Module):
+    """A classic small draft model (https://arxiv.org/abs/2211.17192) distilled towards the frozen target: soft
+    cross-entropy against the target's next-token distribution on assistant tokens (``loss.draft_labels=soft``), or
+    plain next-token CE on the data (``hard``). Every parameter of the small model trains."""
+
+    def __init__(self, head: DraftModel, loss: LossSection) -> None:
+        super().__init__()
+        self.head = head
+        self.soft_labels = loss.draft_labels == "soft"
+        self.depth = loss.chain_depth
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.soft_labels
+
+    def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        model = self.head.model
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)[0]  # (B, T, H)
+        valid = batch["loss_mask"][:, 1:].bool() & attention_mask[:, 1:].bool()  # position s predicts token s+1
+        # Only the trained rows go through the (full-vocabulary) lm_head.
+        logits = model.get_output_embeddings()(hidden[:, :-1][valid])  # (N, V)
+        target = None
+        if self.soft_labels:
+            full = target_distribution(features).narrow(0, input_ids.shape[1] - 1)
+            target = TargetDistribution(full.probs[valid], None if full.indices is None else full.indices[valid])
+        return draft_model_loss(logits, valid, input_ids[:, 1:][valid], target, self.depth)
+
+
 def parameter_groups(objective: nn.Module, lr: float, lora_lr: float) -> list[dict[str, Any]]:
     """Optimizer groups: the head at ``lr``; Medusa-2's target adapters (if any) at ``lora_lr``."""
     head = [p for p in objective.head.parameters() if p.requires_grad]
@@ -197,4 +227,8 @@ def build_objective(
         return MedusaObjective(head, loss)
     if isinstance(head, EagleDrafter):
         return Eagle1Objective(head, loss, seed) if head.version == 1 else Eagle3Objective(head, loss)
-    raise TypeError(f"no training objective for {type(head).__name__}; expected MedusaHeads or EagleDrafter.")
+    if isinstance(head, DraftModel):
+        return DraftModelObjective(head, loss)
+    raise TypeError(
+        f"no training objective for {type(head).__name__}; expected MedusaHeads, EagleDrafter or DraftModel."
+    )

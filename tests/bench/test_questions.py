@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from specheads.bench.questions import MT_BENCH, load_questions, select_per_category, spec_bench_category
+from specheads.bench.questions import (
+    MT_BENCH,
+    held_out_questions,
+    load_questions,
+    select_per_category,
+    spec_bench_category,
+)
 
 
 def write_questions(path, records):
@@ -39,7 +45,17 @@ def test_load_and_select(tmp_path):
         select_per_category(questions, 1, ["poetry"])
 
 
-def test_malformed_and_missing_files(tmp_path):
+def test_calibration_questions_are_never_measured_and_cover_the_measured_categories(tmp_path):
+    records = [{"question_id": i, "category": c, "turns": [f"{c}{i}"]}
+               for i, c in [(161, "translation"), (162, "translation"), (163, "translation"),
+                            (241, "summarization"), (242, "summarization"), (321, "qa"), (322, "qa")]]  # fmt: skip
+    questions = load_questions(write_questions(tmp_path / "q.jsonl", records))
+    measured = select_per_category(questions, 1, ["translation", "summarization"])
+    held_out = held_out_questions(questions, measured, 3)
+    assert [q.question_id for q in held_out] == [162, 242, 163]  # round-robin over measured categories only
+    assert not {q.question_id for q in held_out} & {q.question_id for q in measured}
+    assert len(held_out_questions(questions, measured, 10)) == 3  # all that is left
+
     with pytest.raises(FileNotFoundError, match="--questions"):
         load_questions(tmp_path / "nope.jsonl")
     bad = write_questions(tmp_path / "bad.jsonl", [{"question_id": 1, "category": "qa"}])

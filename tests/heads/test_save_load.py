@@ -65,6 +65,19 @@ def test_round_trip_gives_identical_outputs(tiny_llama, tmp_path, name):
     assert not any("embed_tokens" in k for k in saved) or name == "draft-model"
 
 
+def test_draft_model_with_tied_embeddings_round_trips(tmp_path):
+    """SmolLM2 ties its embedding and lm_head: safetensors stores the pair once, under the alphabetically first name
+    (``model.lm_head.weight``); loading must accept either name of the pair."""
+    target = make_tiny_llama(tie_word_embeddings=True)
+    head = _perturb(DraftModel.from_target(target, num_layers=1))
+    model = head.model
+    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    head.save_pretrained(tmp_path / "head")
+    assert "model.model.embed_tokens.weight" not in load_file(tmp_path / "head" / "model.safetensors")
+    loaded = load_head(tmp_path / "head", target)
+    torch.testing.assert_close(_outputs(loaded, target), _outputs(head, target), rtol=0, atol=0)
+
+
 def test_config_json_records_target(tiny_llama, tmp_path):
     EagleDrafter(EagleConfig(version=3), tiny_llama).save_pretrained(tmp_path)
     meta = json.loads((tmp_path / "config.json").read_text())

@@ -91,3 +91,16 @@ def test_missing_file_is_an_error():
 def test_cli_reports_config_errors(capsys):
     assert train_main(["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), "train.nope=1"]) == 2
     assert "unknown key 'train.nope'" in capsys.readouterr().err
+
+
+def test_deepspeed_clipping_follows_train_max_grad_norm():
+    """Accelerate fills a DeepSpeed ``"gradient_clipping": "auto"`` with 1.0; training puts its own value there first
+    (the ZeRO-2 launch test checks the engine got it) and refuses a JSON value that disagrees."""
+    from specheads.training.loop import sync_deepspeed_clipping
+
+    config = json.loads((CONFIGS / "deepspeed" / "zero2.json").read_text())
+    sync_deepspeed_clipping(config, 0.5)
+    assert config["gradient_clipping"] == 0.5
+    sync_deepspeed_clipping(config, 0.5)  # an explicit equal value is fine
+    with pytest.raises(ValueError, match=r"gradient_clipping=0.5 but train.max_grad_norm=1.0.*\"auto\""):
+        sync_deepspeed_clipping(config, 1.0)

@@ -1,5 +1,6 @@
-"""`accelerate launch` with two CPU processes (DDP over gloo; DeepSpeed ZeRO-2/3 on its CPU accelerator): the same
-script completes, both ranks end with identical weights, and the saved head loads."""
+"""`accelerate launch` with two CPU processes (DDP over gloo; DeepSpeed ZeRO-2/3 on its CPU accelerator; two
+single-process "nodes" on localhost): the same script completes, both ranks end with identical weights, and the
+saved head loads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import load_head
@@ -23,6 +26,29 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _launch(launch_config: str, head_config: str, result_dir: Path, overrides: list[str], **env: str) -> list[dict]:
+    """`accelerate launch` two CPU processes of tests/training/launch_train.py; each rank's record."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(REPO / "configs" / "accelerate" / launch_config),
+        "--num_processes", "2", "--main_process_port", str(_free_port()),
+        str(REPO / "tests" / "training" / "launch_train.py"),
+        str(REPO / "configs" / head_config / "smollm2-135m.yaml"), str(result_dir), *overrides,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", **env}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return [json.loads((result_dir / f"rank{i}.json").read_text()) for i in range(2)]
+
+
+def _assert_in_sync(ranks: list[dict], distributed_type: str, steps: int) -> None:
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert all(r["distributed_type"] == f"DistributedType.{distributed_type}" for r in ranks), ranks
+    assert ranks[0]["step"] == ranks[1]["step"] == steps
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # eval metrics are reduced over both ranks
 
 
 @pytest.mark.parametrize(
@@ -40,36 +66,83 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     overrides = tiny_overrides(
         tiny_target_dir, small_chat_file, out, max_steps=3, batch_size=2, eval_every=3, save_every=2
     ) + ["head.options.draft_vocab_size=null", "loss.ttt_steps=2"] * (head_config == "eagle3")
-    config_file = REPO / "configs" / head_config / "smollm2-135m.yaml"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(REPO / "configs" / "accelerate" / launch_config),
-        "--num_processes", "2", "--main_process_port", str(_free_port()),
-        str(REPO / "tests" / "training" / "launch_train.py"), str(config_file), str(tmp_path), *overrides,
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline"}
-    if not deepspeed:  # DDP needs Accelerator(cpu=True); DeepSpeed picks its CPU accelerator by itself (NOTES.md)
-        env["ACCELERATE_USE_CPU"] = "1"
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-
-    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
-    assert [r["world"] for r in ranks] == [2, 2]
-    assert all(r["distributed_type"] == ("DistributedType.DEEPSPEED" if deepspeed else "DistributedType.MULTI_CPU")
-               for r in ranks), ranks  # fmt: skip
-    assert ranks[0]["step"] == ranks[1]["step"] == 3
-    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], rel=1e-9, abs=1e-9)
-    assert ranks[0]["metrics"] == ranks[1]["metrics"]  # eval metrics are reduced over both ranks
+    overrides += ["train.max_grad_norm=0.5"] * deepspeed  # DeepSpeed clips in its engine: it must get this value
+    cpu = {} if deepspeed else {"ACCELERATE_USE_CPU": "1"}  # DDP needs Accelerator(cpu=True); DeepSpeed finds its CPU
+    ranks = _launch(launch_config, head_config, tmp_path, overrides, **cpu)  # accelerator by itself (NOTES.md)
+    _assert_in_sync(ranks, "DEEPSPEED" if deepspeed else "MULTI_CPU", 3)
+    assert [r["gradient_clipping"] for r in ranks] == ([0.5, 0.5] if deepspeed else [None, None])
     assert (out / "checkpoints" / "step-00000002").is_dir()
     target, _ = load_target(Path(tiny_target_dir))
     load_head(out, target)
 
 
+def test_fsdp2_on_two_cpu_processes_matches_ddp_and_resumes(tiny_target_dir, small_chat_file, tmp_path):
+    """configs/accelerate/fsdp.yaml with torch's FSDP2 sharding the head over two CPU processes (Accelerate's
+    accelerator-only gate lifted in launch_train.py): the same data and seed end at the weights DDP reaches, the
+    sharded checkpoint (torch.distributed.checkpoint files) resumes to the same weights, and the head loads."""
+    runs = {}
+    for name, launch_config, extra in [
+        ("ddp", "cpu-2proc.yaml", {}),
+        ("fsdp", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
+        ("fsdp-resumed", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
+    ]:
+        out = tmp_path / name / "run"
+        overrides = tiny_overrides(
+            tiny_target_dir, small_chat_file, out, max_steps=4, batch_size=2, eval_every=4, save_every=2
+        ) + ["train.mixed_precision=no"]
+        if name == "fsdp-resumed":
+            overrides.append(f"train.resume={tmp_path / 'fsdp' / 'run' / 'checkpoints' / 'step-00000002'}")
+        ranks = _launch(launch_config, "medusa", tmp_path / name, overrides, ACCELERATE_USE_CPU="1", **extra)
+        _assert_in_sync(ranks, "MULTI_CPU" if name == "ddp" else "FSDP", 4)
+        assert ranks[0]["eval_steps"] == ([4] if name == "fsdp-resumed" else [0, 4])
+        runs[name] = load_file(out / "model.safetensors")
+    assert any(p.name.endswith(".distcp") for p in (tmp_path / "fsdp" / "run" / "checkpoints").rglob("*"))
+    for name in ("fsdp", "fsdp-resumed"):
+        assert runs[name].keys() == runs["ddp"].keys()
+        for key, value in runs["ddp"].items():
+            torch.testing.assert_close(runs[name][key], value, rtol=1e-4, atol=1e-5, msg=f"{name}: {key}")
+    target, _ = load_target(Path(tiny_target_dir))
+    load_head(tmp_path / "fsdp" / "run", target)
+
+
+def test_two_nodes_on_localhost_train_as_one_group(tiny_target_dir, small_chat_file, tmp_path):
+    """configs/accelerate/multi-node.yaml as a user runs it: one `accelerate launch` per node, each with its own
+    --machine_rank and node 0's address. Here both "nodes" are this machine (one CPU process each, gloo), so two
+    separate launchers must rendezvous into one world of 2 and train in sync."""
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, out, max_steps=3, batch_size=2, eval_every=3)
+    config_file = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+    port = str(_free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "ACCELERATE_USE_CPU": "1"}
+    launchers = []
+    for machine_rank in (0, 1):
+        command = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(REPO / "configs" / "accelerate" / "multi-node.yaml"),
+            "--num_processes", "2", "--num_machines", "2", "--machine_rank", str(machine_rank),
+            "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--mixed_precision", "no",
+            str(REPO / "tests" / "training" / "launch_train.py"), str(config_file), str(tmp_path), *overrides,
+        ]  # fmt: skip
+        log = open(tmp_path / f"node{machine_rank}.log", "w")  # noqa: SIM115 - closed below
+        launchers.append((subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    try:
+        codes = [process.wait(timeout=600) for process, _ in launchers]
+    finally:
+        for process, log in launchers:
+            process.kill()
+            log.close()
+    logs = [(tmp_path / f"node{i}.log").read_text()[-4000:] for i in (0, 1)]
+    assert codes == [0, 0], logs
+
+    _assert_in_sync([json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)], "MULTI_CPU", 3)
+    target, _ = load_target(Path(tiny_target_dir))
+    load_head(out, target)
+
+
 def test_fsdp_config_builds_accelerates_fsdp2_plugin(monkeypatch):
-    """FSDP cannot start here: Accelerate turns it on only for accelerator devices (MULTI_GPU, NPU, XPU, ...) and
-    runs the same launch as plain DDP (MULTI_CPU) on a CPU-only machine. What can be checked without a GPU is
-    everything up to the device: `accelerate launch --config_file configs/accelerate/fsdp.yaml` yields the environment
-    that builds Accelerate's FSDP2 plugin with our settings (only the objective is wrapped, as one unit)."""
+    """`accelerate launch --config_file configs/accelerate/fsdp.yaml` yields the environment that builds Accelerate's
+    FSDP2 plugin with our settings (only the objective is wrapped, as one unit). On a CPU-only machine Accelerate
+    would run this launch as plain DDP; the FSDP2 test above lifts that gate to run the sharding itself."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_multi_gpu_env

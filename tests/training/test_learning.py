@@ -20,6 +20,8 @@ CASES = {  # (overrides, steps)
     "medusa2": (["head.options.num_heads=2", "train.lr=5e-3", "lora.r=4", "lora.lr=1e-4"], 6),
     "eagle1": (["train.lr=1e-3", "loss.input_noise=0.0"], 10),
     "eagle3": (["head.options.draft_vocab_size=4096", "loss.ttt_steps=2", "train.lr=3e-3"], 10),
+    # The untrained draft model is the target's first 2 layers with its final norm and lm_head (weights copied).
+    "draft_model": (["head.options.copy_target_layers=2", "train.lr=1e-3"], 10),
 }
 
 
@@ -54,7 +56,7 @@ def test_short_run_learns(name, smollm2, distill_path, tmp_path):
     assert after[key] > before[key] + 0.05, (before, after)
     assert after["eval/tau"] > before["eval/tau"]
     head = load_head(tmp_path / "run", smollm2[0])
-    assert head.head_type == ("medusa" if name.startswith("medusa") else "eagle")
+    assert head.head_type == {"medusa2": "medusa", "eagle1": "eagle", "eagle3": "eagle"}.get(name, name)
     if name == "medusa2":
         assert (tmp_path / "run" / "lora" / "adapter_config.json").is_file()
         assert after["eval/lora/top1_agree"] > 0.9  # the adapted target still says what the original says

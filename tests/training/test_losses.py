@@ -11,6 +11,7 @@ from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from specheads.training.losses import (
     TargetDistribution,
     chain_tau,
+    draft_model_loss,
     eagle3_ttt_loss,
     medusa_loss,
     ratios,
@@ -59,6 +60,29 @@ def test_soft_labels_equal_hard_labels_for_one_hot_targets():
     hard, _ = medusa_loss(logits, ids, torch.ones_like(ids), decay=0.8)
     soft, _ = medusa_loss(logits, ids, torch.ones_like(ids), decay=0.8, target=TargetDistribution(one_hot))
     torch.testing.assert_close(hard, soft)
+
+
+def test_draft_model_acceptance_follows_each_chain_until_its_first_miss():
+    """top1/step{k} counts chains (one per start position) whose first k-1 guesses matched: brute force agrees."""
+    valid = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 1, 1], [1, 1, 1, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    hits = torch.tensor([[0, 1, 1, 0, 1, 1, 0, 1, 1], [1, 0, 1, 0, 1, 1, 1, 0, 1]], dtype=torch.bool)
+    vocab, depth = 5, 4
+    labels = torch.randint(0, vocab, (int(valid.sum()),), generator=torch.Generator().manual_seed(0))
+    logits = torch.nn.functional.one_hot(torch.where(hits[valid], labels, (labels + 1) % vocab), vocab).float() * 9
+    loss, stats = draft_model_loss(logits, valid, labels, None, depth)
+    for k in range(1, depth + 1):
+        tried = accepted = 0
+        for row in range(valid.shape[0]):
+            for start in range(valid.shape[1] - k + 1):
+                chain = range(start, start + k - 1)
+                if all(hits[row, i] for i in chain) and valid[row, start + k - 1]:
+                    tried += 1
+                    accepted += int(hits[row, start + k - 1])
+        assert stats[f"top1/step{k}"].tolist() == [accepted, tried], k
+    one_hot = TargetDistribution(torch.nn.functional.one_hot(labels, vocab).float())
+    soft, soft_stats = draft_model_loss(logits, valid, labels, one_hot, depth)
+    torch.testing.assert_close(loss, soft)  # soft labels that are one-hot are the hard labels
+    assert soft_stats["top1/step2"].tolist() == stats["top1/step2"].tolist()
 
 
 def test_topk_distribution_matches_dense_on_its_support():

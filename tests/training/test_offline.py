@@ -10,7 +10,8 @@ from specheads.training.data_cli import data_main
 from specheads.training.loop import train
 
 
-@pytest.mark.parametrize("head", ["eagle1"])  # hidden states + the target distribution
+# eagle1: hidden states + the target distribution; draft_model: the target distribution only
+@pytest.mark.parametrize("head", ["eagle1", "draft_model"])
 def test_offline_features_give_the_online_losses(head, tiny_target_dir, small_chat_file, tmp_path):
     cache = tmp_path / "cache"
     data_args = ["--data", str(small_chat_file), "--max-length", "64", "--eval-size", "8", "--max-samples", "24"]
@@ -21,6 +22,7 @@ def test_offline_features_give_the_online_losses(head, tiny_target_dir, small_ch
     for mode in ("online", "offline"):
         overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / mode, max_steps=2, eval_every=2)
         overrides += ["data.max_samples=24", "loss.input_noise=0.0", f"features.mode={mode}"]
+        overrides += ["head.options.copy_target_layers=2"] * (head == "draft_model")
         overrides += [f"features.cache_dir={cache}"] * (mode == "offline")
         runs[mode] = train(load_config(config, overrides))
     online, offline = runs["online"].history, runs["offline"].history
