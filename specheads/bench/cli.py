@@ -55,6 +55,7 @@ class BenchSettings:
     dtype: str = "auto"
     out: str = "runs/bench"
     calibration_prompts: int = 2
+    backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
     progress: bool = True
 
 
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--out", default=d.out, help="output folder for results.json, results.md and plots")
     p.add_argument("--calibration-prompts", type=int, default=d.calibration_prompts, help="prompts for --tree auto")
+    p.add_argument(
+        "--backoff",
+        action="store_true",
+        help="also run every head with draft backoff (stop drafting while it does not pay) as NAME+backoff",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -160,7 +166,11 @@ def build_methods(
         if any(m.name == name for m in methods):
             raise ValueError(f"two --head folders are both named {Path(head_dir).name!r}; rename one")
         what = f"{head.head_type} head"
-        methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve if tree == "auto" else None))
+        curve_used = curve if tree == "auto" else None
+        methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve_used))
+        if settings.backoff and spec.drafter is not None:
+            what += ", draft backoff"
+            methods.append(_specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, what, curve_used, True))
     return methods
 
 
@@ -172,12 +182,13 @@ def _specheads(
     acceptance: str,
     what: str,
     curve: CostCurve | None = None,
+    backoff: bool = False,
 ) -> Method:
-    extra: dict[str, Any] = {"tree": spec.tree}
+    extra: dict[str, Any] = {"tree": spec.tree, "backoff": backoff}
     if spec.auto is not None and curve is not None:
         extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
         extra["cost_curve"] = asdict(curve)
-    return specheads_method(name, target, tokenizer, spec.drafter, acceptance, f"specheads, {what}", extra)
+    return specheads_method(name, target, tokenizer, spec.drafter, acceptance, f"specheads, {what}", extra, backoff)
 
 
 def calibration_prompts(

@@ -33,6 +33,7 @@ class MethodRun:
     accepted_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per step (specheads only)
     depth_attempts: list[int] = field(default_factory=list)
     depth_accepts: list[int] = field(default_factory=list)
+    plain_steps: int = 0  # steps draft backoff verified without a draft
 
     @property
     def new_tokens(self) -> int:
@@ -149,9 +150,10 @@ def specheads_method(
     acceptance: str = "speculative",
     description: str = "",
     extra: dict[str, Any] | None = None,
+    backoff: bool = False,
 ) -> Method:
     """specheads' ``SpeculativeGenerator`` with a drafter (None = plain decoding through the speculative loop)."""
-    generator = SpeculativeGenerator(target, tokenizer, drafter=drafter, acceptance=acceptance)
+    generator = SpeculativeGenerator(target, tokenizer, drafter=drafter, acceptance=acceptance, backoff=backoff)
 
     def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
         result = generator.generate(input_ids[0], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
@@ -166,6 +168,7 @@ def specheads_method(
             accepted_lengths=list(stats.accepted_lengths),
             depth_attempts=list(stats.depth_attempts),
             depth_accepts=list(stats.depth_accepts),
+            plain_steps=stats.plain_steps,
         )
 
     return Method(name, run, lossless=acceptance != "typical", description=description, extra=dict(extra or {}))

@@ -41,6 +41,7 @@ def summarize(records: list[Record]) -> dict[str, Any]:
         "other_s": sum(r.other_s for r in runs),
         "accepted_length_hist": dict(sorted(Counter(accepted).items())),
         "mean_accepted_length": sum(accepted) / len(accepted) if accepted else None,
+        "plain_steps": sum(r.plain_steps for r in runs),  # draft backoff: steps verified without a draft
         "acceptance_per_depth": [a / max(n, 1) for a, n in zip(accepts, attempts)],
         "identical": sum(compared) if compared else None,
         "compared": len(compared),

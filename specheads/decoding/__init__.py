@@ -13,6 +13,7 @@ from specheads.decoding.accept import (
     accept_speculative,
     accept_typical,
 )
+from specheads.decoding.backoff import DraftBackoff
 from specheads.decoding.draft import (
     Drafter,
     DraftTree,
@@ -41,6 +42,7 @@ __all__ = [
     "LOSSY_ACCEPTANCE",
     "AcceptResult",
     "CompiledTree",
+    "DraftBackoff",
     "DraftModelDrafter",
     "DraftTree",
     "Drafter",

@@ -38,6 +38,7 @@ class GenerateArgs:
     seed: int | None = None
     stop: list[str] = field(default_factory=list, metadata={"help": "stop strings"})
     raw: bool = field(default=False, metadata={"help": "feed the prompt without the chat template"})
+    backoff: bool = field(default=False, metadata={"help": "stop drafting while it does not pay (lossless)"})
 
 
 def generate_main(argv: list[str] | None = None) -> int:
@@ -56,7 +57,7 @@ def generate_main(argv: list[str] | None = None) -> int:
 
         target = load_lora_adapter(target, args.head)  # Medusa-2: the adapted target is the one being decoded
         drafter = build_drafter(load_head(args.head, target), args.tree)
-    generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance)
+    generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
     if args.raw:
         prompt = tokenizer(args.prompt, return_tensors="pt").input_ids

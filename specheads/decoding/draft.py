@@ -77,6 +77,9 @@ def root_only_tree(root: int, device: torch.device | str) -> DraftTree:
 
 
 class Drafter(Protocol):
+    """``begin`` once per request; then per step ``propose`` (may be skipped: draft backoff verifies the root alone)
+    and ``observe`` with the committed path (old root first), the target's hidden states on it, and the new root."""
+
     layer_ids: list[int]
 
     def begin(

@@ -12,6 +12,7 @@ counts). p = target, q = draft.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from specheads.decoding.accept import (
     accept_speculative,
     accept_typical,
 )
+from specheads.decoding.backoff import DraftBackoff
 from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
 from specheads.decoding.kv_cache import commit_path
@@ -44,6 +46,7 @@ Prompt = str | list[dict[str, str]] | torch.Tensor | list[int]
 class GenerationStats:
     new_tokens: int = 0
     target_forwards: int = 0
+    plain_steps: int = 0  # steps verified without a draft because draft backoff judged drafting not to pay
     accepted_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per verify step
     depth_attempts: list[int] = field(default_factory=list)  # steps whose tree reached depth d+1
     depth_accepts: list[int] = field(default_factory=list)  # ... and accepted a node at depth d+1
@@ -82,7 +85,8 @@ class GenerationStats:
         return (
             f"tokens {self.new_tokens} | target forwards {self.target_forwards} | tau {self.tau:.2f} | "
             f"{self.tokens_per_s:.1f} tok/s | acceptance by depth [{rates}] | time draft {self.draft_s:.2f}s "
-            f"verify {self.verify_s:.2f}s bookkeeping {self.bookkeeping_s:.2f}s | acceptance {self.acceptance}"
+            f"verify {self.verify_s:.2f}s bookkeeping {self.bookkeeping_s:.2f}s | "
+            f"{f'backoff: {self.plain_steps} plain steps | ' if self.plain_steps else ''}acceptance {self.acceptance}"
             f"{' (LOSSY)' if self.lossy else ''} | stop {self.stop_reason}"
         )
 
@@ -121,15 +125,20 @@ class SpeculativeGenerator:
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
         cpu_small_batch_linear: bool = True,
+        backoff: bool | DraftBackoff = False,
     ) -> None:
         """``cpu_small_batch_linear``: on CPU, compute the few-token matrix products of verification with the
-        faster kernel of ``specheads.decoding.cpu_kernels`` (no effect on GPU or in bf16)."""
+        faster kernel of ``specheads.decoding.cpu_kernels`` (no effect on GPU or in bf16).
+
+        ``backoff``: stop drafting while it does not pay on the current request (``specheads.decoding.backoff``;
+        lossless). True uses the default policy; a ``DraftBackoff`` is copied afresh for every request."""
         if acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.acceptance = acceptance
         self.typical_params = (posterior_threshold, posterior_alpha)
         self.cpu_small_batch_linear = cpu_small_batch_linear
+        self.backoff = DraftBackoff() if backoff is True else (backoff or None)
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
@@ -181,11 +190,15 @@ class SpeculativeGenerator:
         self.emit(req, [req.root], max_new_tokens, stop, stream)
         device = self.target.device
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        backoff = copy.deepcopy(self.backoff) if self.drafter is not None else None
         while not req.stats.stop_reason:
-            # 1. draft: a tree rooted at the last committed token
+            # 1. draft: a tree rooted at the last committed token (the root alone while backoff says drafting
+            #    does not pay)
             t0 = time.perf_counter()
-            if self.drafter is None:
+            drafting = self.drafter is not None and (backoff is None or backoff.should_draft())
+            if not drafting:
                 tree = root_only_tree(req.root, self.target.device)
+                req.stats.plain_steps += self.drafter is not None
             else:
                 tree = self.drafter.propose(req.drafter_state)
             if req.prompt_len + len(req.output) + tree.num_nodes > self.max_context > 0:
@@ -219,6 +232,8 @@ class SpeculativeGenerator:
             self.emit(req, fed_tokens[1:].tolist() + [result.next_token], max_new_tokens, stop, stream)
             req.stats.draft_s += (t1 - t0) + (t4 - t3)
             req.stats.verify_s += t2 - t1
+            if backoff is not None:
+                backoff.record(drafting, t4 - t0, len(result.path))
         req.stats.total_s = time.perf_counter() - start
         req.stats.bookkeeping_s = req.stats.total_s - req.stats.draft_s - req.stats.verify_s
         return GenerationResult(text=req.text, token_ids=list(req.output), stats=req.stats)

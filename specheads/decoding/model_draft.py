@@ -33,6 +33,7 @@ class DraftModelState:
     generator: torch.Generator | None
     committed: int = 0  # rows of the draft cache that hold committed tokens
     last_chain: list[int] = field(default_factory=list)  # drafted tokens of the last proposal (root excluded)
+    proposed: bool = False  # propose ran since the last observe (False after a plain step: draft backoff)
 
 
 class DraftModelDrafter:
@@ -73,6 +74,7 @@ class DraftModelDrafter:
             chain.append(token)
         state.committed += len(state.pending)
         state.pending = []
+        state.proposed = True
         tokens = torch.cat([torch.tensor(chain[:1], device=device), torch.cat(chain[1:])])
         state.last_chain = tokens[1:].tolist()
         draft_probs = None
@@ -84,6 +86,11 @@ class DraftModelDrafter:
         self, state: DraftModelState, fed_tokens: torch.Tensor, hidden_states: HiddenStates | None, root: int
     ) -> None:
         fed = fed_tokens.view(-1).tolist()  # old root + accepted chain tokens
+        if not state.proposed:  # a plain step: the draft cache holds nothing of it, so feed it next time
+            state.pending += fed
+            state.root = root
+            return
+        state.proposed = False
         accepted = len(fed) - 1
         # The cache holds the old root and the first draft_length - 1 chain tokens beyond the committed rows.
         in_cache = min(len(fed), state.draft_length)

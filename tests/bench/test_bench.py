@@ -36,6 +36,7 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
         trees=["chain:2"],
         methods=["specheads-plain"],
         out=str(tmp_path / "out"),
+        backoff=True,
         progress=False,
     )
     report, paths = run_bench(settings, target, tokenizer)
@@ -43,7 +44,15 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     assert set(paths) == {"json", "markdown", "speedup_png", "acceptance_png"}
     loaded = json.loads(paths["json"].read_text())
     assert loaded["categories"] == ["mt_bench", "translation"]
-    assert list(loaded["results"]) == ["generate", "specheads-plain", "specheads-medusa-untrained"]
+    assert list(loaded["results"]) == [
+        "generate",
+        "specheads-plain",
+        "specheads-medusa-untrained",
+        "specheads-medusa-untrained+backoff",
+    ]
+    backoff = loaded["results"]["specheads-medusa-untrained+backoff"][OVERALL]
+    assert backoff["identical"] == backoff["compared"] == 2  # drafting switched off and on stays lossless
+    assert loaded["methods"]["specheads-medusa-untrained+backoff"]["backoff"] is True
     plain = loaded["results"]["specheads-plain"][OVERALL]
     assert plain["tau"] == 1.0 and plain["identical"] == plain["compared"] == 2  # the loop alone: one token a step
     medusa = loaded["results"]["specheads-medusa-untrained"]
