@@ -54,7 +54,7 @@ class BenchSettings:
     device: str = "auto"
     dtype: str = "auto"
     out: str = "runs/bench"
-    calibration_prompts: int = 2
+    calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
     backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
     progress: bool = True
 
@@ -84,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--out", default=d.out, help="output folder for results.json, results.md and plots")
-    p.add_argument("--calibration-prompts", type=int, default=d.calibration_prompts, help="prompts for --tree auto")
+    p.add_argument(
+        "--calibration-prompts",
+        type=int,
+        default=d.calibration_prompts,
+        help="held-out questions that calibrate --tree auto (round-robin over the measured categories)",
+    )
     p.add_argument(
         "--backoff",
         action="store_true",
