@@ -56,6 +56,7 @@ class FeatureSection:
 
     mode: str = "online"
     cache_dir: str | None = None
+    extra_cache_dirs: list[str] = field(default_factory=list)  # more caches read after cache_dir (same target/layers)
 
 
 @dataclass
@@ -185,6 +186,11 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.features.mode == "offline" and not cfg.features.cache_dir:
         raise ConfigError(
             "features.mode=offline needs features.cache_dir (written by `specheads data cache-features`)."
+        )
+    if cfg.features.extra_cache_dirs and cfg.features.mode != "offline":
+        raise ConfigError(
+            f"features.extra_cache_dirs={cfg.features.extra_cache_dirs} is read only with features.mode=offline; "
+            f"found features.mode={cfg.features.mode!r}."
         )
     if cfg.lora.enabled and cfg.head.type != "medusa":
         raise ConfigError(f"lora.enabled is Medusa-2 (head.type=medusa); found head.type={cfg.head.type!r}.")

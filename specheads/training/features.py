@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch.utils.data import Dataset
+from torch.utils.data import ConcatDataset, Dataset
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
@@ -292,6 +292,40 @@ class CachedFeatureDataset(Dataset):
         if "topk_indices" in sample:
             sample["topk_indices"] = sample["topk_indices"].long()
         return sample
+
+
+class ConcatFeatureCache(ConcatDataset):
+    """Several caches of one target, layer set and distribution format read as one dataset, in order: data added
+    later needs only its own cache (``features.extra_cache_dirs``)."""
+
+    MUST_MATCH = ("target", "layer_ids", "dtype", "topk", "with_logits")
+
+    def __init__(self, caches: list[CachedFeatureDataset]) -> None:
+        first = caches[0]
+        for cache in caches[1:]:
+            differ = [key for key in self.MUST_MATCH if cache.meta.get(key) != first.meta.get(key)]
+            if differ:
+                found = ", ".join(f"{key} {first.meta.get(key)!r} vs {cache.meta.get(key)!r}" for key in differ)
+                raise ValueError(
+                    f"feature caches {first.out_dir} and {cache.out_dir} cannot be read together ({found}); write "
+                    "every cache with the same target and `specheads data cache-features` options."
+                )
+        super().__init__(caches)
+        self.caches = caches
+        self.out_dir = " + ".join(str(cache.out_dir) for cache in caches)
+        self.layer_ids = first.layer_ids
+        self.meta = {**first.meta, "num_samples": len(self)}
+        self.meta["num_tokens"] = sum(cache.meta.get("num_tokens", 0) for cache in caches)
+
+    def lengths(self) -> list[int]:
+        """Token count of every sample, in order."""
+        return [n for cache in self.caches for n in cache.lengths()]
+
+
+def open_feature_caches(dirs: list[str | Path]) -> CachedFeatureDataset | ConcatFeatureCache:
+    """One cache directory as a ``CachedFeatureDataset``; several as their concatenation."""
+    caches = [CachedFeatureDataset(d) for d in dirs]
+    return caches[0] if len(caches) == 1 else ConcatFeatureCache(caches)
 
 
 def _pad_stack(tensors: list[torch.Tensor], width: int) -> torch.Tensor:

@@ -39,7 +39,13 @@ from specheads.target import load_target
 from specheads.training.checkpoint import read_step, resolve_resume, save_checkpoint
 from specheads.training.config import TrainConfig, to_container, to_yaml
 from specheads.training.data import build_datasets, collate
-from specheads.training.features import CachedFeatureDataset, collate_features, extract_features
+from specheads.training.features import (
+    CachedFeatureDataset,
+    ConcatFeatureCache,
+    collate_features,
+    extract_features,
+    open_feature_caches,
+)
 from specheads.training.losses import Stats, add_stats, chain_tau, ratios
 from specheads.training.objective import build_objective, parameter_groups
 from specheads.training.tracking import flatten, tracker_setup
@@ -218,10 +224,10 @@ def _datasets(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[Any
     """Train and eval datasets and their collate function (online: tokenized chats; offline: feature caches)."""
     pad = tokenizer.pad_token_id
     if cfg.features.mode == "offline":
-        root = Path(cfg.features.cache_dir)
+        roots = [Path(cfg.features.cache_dir), *map(Path, cfg.features.extra_cache_dirs)]
         return (
-            CachedFeatureDataset(root / "train"),
-            CachedFeatureDataset(root / "eval"),
+            open_feature_caches([root / "train" for root in roots]),
+            open_feature_caches([root / "eval" for root in roots]),
             partial(collate_features, pad_token_id=pad),
         )
     train_ds, eval_ds = build_datasets(cfg.data, tokenizer)
@@ -242,20 +248,20 @@ class EpochLengthGroupedSampler(LengthGroupedSampler):
 
 def _lengths(dataset: Any) -> list[int]:
     """Token count of every sample (offline caches read it from the shard offsets, without loading features)."""
-    if isinstance(dataset, CachedFeatureDataset):
+    if isinstance(dataset, (CachedFeatureDataset, ConcatFeatureCache)):
         return dataset.lengths()
     return [len(ids) for ids in dataset["input_ids"]]
 
 
 def _loss_tokens(dataset: Any) -> list[list[int]]:
     """Assistant tokens of every training sample (what an EAGLE-3 draft vocabulary is counted from)."""
-    if isinstance(dataset, CachedFeatureDataset):
+    if isinstance(dataset, (CachedFeatureDataset, ConcatFeatureCache)):
         rows = (dataset[i] for i in range(len(dataset)))
         return [sample["input_ids"][sample["loss_mask"].bool()].tolist() for sample in rows]
     return [[t for t, m in zip(ids, mask) if m] for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
 
 
-def _check_cache(dataset: CachedFeatureDataset, layer_ids: list[int], needs_logits: bool) -> None:
+def _check_cache(dataset: CachedFeatureDataset | ConcatFeatureCache, layer_ids: list[int], needs_logits: bool) -> None:
     path = dataset.out_dir
     missing = sorted(set(layer_ids) - set(dataset.layer_ids))
     has_distribution = dataset.meta.get("with_logits") or dataset.meta.get("topk")
@@ -304,7 +310,7 @@ def train(
     layer_ids = [] if getattr(objective, "runs_target", False) else head.layer_ids
     features = FeatureSource(target, layer_ids, with_logits=objective.needs_logits)
     for dataset in (train_ds, eval_ds):
-        if isinstance(dataset, CachedFeatureDataset):
+        if isinstance(dataset, (CachedFeatureDataset, ConcatFeatureCache)):
             _check_cache(dataset, layer_ids, objective.needs_logits)
     generator = torch.Generator().manual_seed(tc.seed)  # loader worker seeds never draw from the global RNG
     if tc.group_by_length:

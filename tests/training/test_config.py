@@ -63,6 +63,7 @@ def test_dotted_overrides_apply_and_are_typed():
         ("train.scheduler=cosin", r"train.scheduler='cosin' is not valid; expected one of \['cosine'"),
         ("head.type=hydra", r"head.type='hydra' is not valid"),
         ("features.mode=offline", r"needs features.cache_dir"),
+        ("features.extra_cache_dirs=[runs/more]", r"read only with features.mode=offline; found .*'online'"),
     ],
 )
 def test_invalid_configs_fail_with_what_is_valid(override, expected):

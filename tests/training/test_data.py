@@ -159,3 +159,22 @@ def test_a_record_of_another_shape_is_named(smollm2, tmp_path):
     expected = r"mixed.jsonl: a record does not have the messages shape.*\['prompt', 'response'\]"
     with pytest.raises(DataError, match=expected):
         build_datasets(cfg, tokenizer)
+
+
+def test_committed_mix_set_is_what_its_prompt_script_makes(tmp_path):
+    """data/...-mix-1k.jsonl answers exactly the prompts scripts/make_prompt_mix.py builds, none from the first set."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    prompts = tmp_path / "prompts.jsonl"
+    subprocess.run([sys.executable, str(repo / "scripts" / "make_prompt_mix.py"), "--out", str(prompts)], check=True)
+    built = {r["id"]: r["prompt"] for r in map(json.loads, prompts.read_text().splitlines())}
+    committed = [json.loads(line) for line in (repo / "data" / "smollm2-135m-instruct-greedy-mix-1k.jsonl").open()]
+    assert len(built) == len(committed) == 1000
+    assert {r["id"]: r["messages"][0]["content"] for r in committed} == built
+    assert all(r["messages"][1]["role"] == "assistant" and r["messages"][1]["content"] for r in committed)
+    first = {json.loads(line)["id"] for line in (repo / "data" / "smollm2-135m-instruct-greedy-1k.jsonl").open()}
+    assert not first & set(built)
+    assert sum(r["source"].startswith(("summarize_", "context_qa_")) for r in committed) == 500

@@ -1,0 +1,83 @@
+"""Build the prompt file for the second self-distilled set (`data/smollm2-135m-instruct-greedy-mix-1k.jsonl`).
+
+The first set (`data/smollm2-135m-instruct-greedy-1k.jsonl`) has only code, grade-school math, role-play and
+self-instruct seed prompts: nothing where the answer reuses text given in the prompt, which is what summarization,
+RAG and extraction answers do. This set adds prompts that put a passage in front of the model, built from the same
+permissively licensed sources (GPT-4-written GPTeacher role-play responses as passages), plus more plain prompts of
+the first set's sources. No prompt of the first set is reused and no Spec-Bench text is used.
+
+    python scripts/make_prompt_mix.py --out runs/prompts-mix-1k.jsonl
+    specheads data generate --target smollm2-135m-instruct --prompts runs/prompts-mix-1k.jsonl \
+        --out data/smollm2-135m-instruct-greedy-mix-1k.jsonl --max-new-tokens 200 --batch-size 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data" / "train_prompts"
+FIRST_SET = ROOT / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
+
+PLAIN = {"gpteacher_codegen": 200, "gsm8k_train": 150, "gpteacher_roleplay": 100, "self_instruct_seed": 50}
+SUMMARIZE = (
+    "Summarize: {passage}",
+    "Summarize the following text in a few sentences.\n\n{passage}",
+    "Write a short summary of this passage:\n\n{passage}",
+)
+ANSWER_FROM = (
+    "{passage}\n\nUsing only the text above, answer this: {question}",
+    "Read the passage and answer the question.\n\nPassage: {passage}\n\nQuestion: {question}",
+    "Context:\n{passage}\n\nBased on the context, {question}",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="output JSONL with id, source and prompt")
+    parser.add_argument("--summaries", type=int, default=250)
+    parser.add_argument("--context-questions", type=int, default=250)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    used = {json.loads(line)["id"] for line in FIRST_SET.open()}
+    prompts = [json.loads(line) for line in (SHARED / "prompts.jsonl").open()]
+    fresh = [p for p in prompts if p["id"] not in used]
+
+    rows = []
+    for source, count in PLAIN.items():
+        pool = [p for p in fresh if p["source"] == source]
+        rows += [{"id": p["id"], "source": source, "prompt": p["prompt"]} for p in rng.sample(pool, count)]
+    taken = {row["id"] for row in rows}
+
+    # Passages: role-play responses of 80-220 words whose prompt is in neither set.
+    roleplay = json.loads((SHARED / "gpteacher_roleplay-simple-deduped-roleplay-instruct.json").read_text())
+    passages = [
+        (f"gpteacher_roleplay/{i}", r)
+        for i, r in enumerate(roleplay)
+        if 80 <= len(r["response"].split()) <= 220 and f"gpteacher_roleplay/{i}" not in used | taken
+    ]
+    picked = rng.sample(passages, args.summaries + args.context_questions)
+    for n, (record_id, record) in enumerate(picked):
+        passage = record["response"].strip()
+        if n < args.summaries:
+            prompt = rng.choice(SUMMARIZE).format(passage=passage)
+            source = "summarize_gpteacher_roleplay"
+        else:
+            question = record["instruction"].strip()
+            prompt = rng.choice(ANSWER_FROM).format(passage=passage, question=question[0].lower() + question[1:])
+            source = "context_qa_gpteacher_roleplay"
+        rows.append({"id": f"{source}/{record_id.split('/')[1]}", "source": source, "prompt": prompt})
+
+    rng.shuffle(rows)
+    with open(args.out, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} prompts to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
