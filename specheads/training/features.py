@@ -322,6 +322,9 @@ class ConcatFeatureCache(ConcatDataset):
         return [n for cache in self.caches for n in cache.lengths()]
 
 
+FEATURE_CACHES = (CachedFeatureDataset, ConcatFeatureCache)  # what an offline run reads
+
+
 def open_feature_caches(dirs: list[str | Path]) -> CachedFeatureDataset | ConcatFeatureCache:
     """One cache directory as a ``CachedFeatureDataset``; several as their concatenation."""
     caches = [CachedFeatureDataset(d) for d in dirs]

@@ -40,6 +40,7 @@ from specheads.training.checkpoint import read_step, resolve_resume, save_checkp
 from specheads.training.config import TrainConfig, to_container, to_yaml
 from specheads.training.data import build_datasets, collate
 from specheads.training.features import (
+    FEATURE_CACHES,
     CachedFeatureDataset,
     ConcatFeatureCache,
     collate_features,
@@ -248,14 +249,14 @@ class EpochLengthGroupedSampler(LengthGroupedSampler):
 
 def _lengths(dataset: Any) -> list[int]:
     """Token count of every sample (offline caches read it from the shard offsets, without loading features)."""
-    if isinstance(dataset, (CachedFeatureDataset, ConcatFeatureCache)):
+    if isinstance(dataset, FEATURE_CACHES):
         return dataset.lengths()
     return [len(ids) for ids in dataset["input_ids"]]
 
 
 def _loss_tokens(dataset: Any) -> list[list[int]]:
     """Assistant tokens of every training sample (what an EAGLE-3 draft vocabulary is counted from)."""
-    if isinstance(dataset, (CachedFeatureDataset, ConcatFeatureCache)):
+    if isinstance(dataset, FEATURE_CACHES):
         rows = (dataset[i] for i in range(len(dataset)))
         return [sample["input_ids"][sample["loss_mask"].bool()].tolist() for sample in rows]
     return [[t for t, m in zip(ids, mask) if m] for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
@@ -310,7 +311,7 @@ def train(
     layer_ids = [] if getattr(objective, "runs_target", False) else head.layer_ids
     features = FeatureSource(target, layer_ids, with_logits=objective.needs_logits)
     for dataset in (train_ds, eval_ds):
-        if isinstance(dataset, (CachedFeatureDataset, ConcatFeatureCache)):
+        if isinstance(dataset, FEATURE_CACHES):
             _check_cache(dataset, layer_ids, objective.needs_logits)
     generator = torch.Generator().manual_seed(tc.seed)  # loader worker seeds never draw from the global RNG
     if tc.group_by_length:
