@@ -16,7 +16,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.bench.drafters import DrafterSpec, auto_drafter, fixed_drafter, prompt_lookup_drafter
+from specheads.bench.drafters import (
+    DrafterSpec,
+    auto_drafter,
+    fixed_drafter,
+    prompt_lookup_drafter,
+    with_lookup_branch,
+)
 from specheads.bench.methods import Method, hf_method, specheads_method
 from specheads.bench.questions import (
     find_default_questions,
@@ -56,6 +62,7 @@ class BenchSettings:
     out: str = "runs/bench"
     calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
     backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
+    lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
     progress: bool = True
 
 
@@ -94,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--backoff",
         action="store_true",
         help="also run every head with draft backoff (stop drafting while it does not pay) as NAME+backoff",
+    )
+    p.add_argument(
+        "--lookup-branch",
+        type=int,
+        default=d.lookup_branch,
+        metavar="N",
+        help="also run every head with up to N prompt-lookup tokens grafted onto its tree, as NAME+lookup (0 = off)",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
@@ -174,8 +188,16 @@ def build_methods(
         curve_used = curve if tree == "auto" else None
         methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve_used))
         if settings.backoff and spec.drafter is not None:
-            what += ", draft backoff"
-            methods.append(_specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, what, curve_used, True))
+            methods.append(
+                _specheads(
+                    f"{name}+backoff", target, tokenizer, spec, acceptance, f"{what}, draft backoff", curve_used, True
+                )
+            )
+        if settings.lookup_branch:
+            branch = with_lookup_branch(spec, settings.lookup_branch)
+            methods.append(
+                _specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, f"{what} + lookup", curve_used)
+            )
     return methods
 
 

@@ -24,6 +24,7 @@ from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.lookup_branch import DEFAULT_LOOKUP_MIN_NGRAM, LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 
@@ -102,3 +103,15 @@ def _drafter_for_choice(head: Any, choice: TreeChoice) -> Any:
 
 def prompt_lookup_drafter(num_tokens: int = 10) -> DrafterSpec:
     return DrafterSpec(PromptLookupDrafter(num_tokens), f"chain of up to {num_tokens} (n-gram lookup)")
+
+
+def with_lookup_branch(spec: DrafterSpec, num_tokens: int) -> DrafterSpec:
+    """``spec``'s drafter with up to ``num_tokens`` prompt-lookup tokens grafted onto its tree; where the head
+    drafts nothing (``auto`` chose plain decoding) the lookup chain alone, with the branch's n-gram settings."""
+    if num_tokens < 1:
+        raise ValueError(f"a lookup branch needs num_tokens >= 1, got {num_tokens}")
+    branch = f" + lookup branch (up to {num_tokens} tokens, n-gram >= {DEFAULT_LOOKUP_MIN_NGRAM})"
+    if spec.drafter is None:
+        drafter = PromptLookupDrafter(num_tokens, min_ngram=DEFAULT_LOOKUP_MIN_NGRAM, max_ngram=3)
+        return DrafterSpec(drafter, f"no head tree{branch}", spec.auto)
+    return DrafterSpec(LookupBranchDrafter(spec.drafter, num_tokens), spec.tree + branch, spec.auto)

@@ -68,6 +68,7 @@ def accept_speculative(
     target_probs: Tensor,  # (n, V): warped target distribution p after each node
     draft_probs: Tensor | None,  # (n, V): draft distribution q that node i's children were drawn from, or None
     generator: torch.Generator | None = None,
+    fixed: Tensor | None = None,  # (n,) bool: node i is a fixed proposal even though its parent has a q row
 ) -> AcceptResult:
     """Lossless multi-draft speculative sampling: the committed tokens have exactly the target's distribution.
 
@@ -86,7 +87,9 @@ def accept_speculative(
     residual is p with x removed. That is exactly lossless for any fixed proposal. The same point-mass rule is
     used for a child whose token has q(x) = 0 (it could not have been drawn from q; a duplicate sibling, or a
     drafter that proposed outside its warped support): treating it as a fixed proposal keeps the output lossless,
-    whereas min(1, p/0) would accept it always. A token with p(x) = 0 is never accepted.
+    whereas min(1, p/0) would accept it always. A token with p(x) = 0 is never accepted. `fixed` marks children
+    that were not drawn from their parent's q at all (a prompt-lookup branch added to a sampled tree, after the
+    drawn siblings): they take the point-mass rule whatever q says about their token, and leave q as it is.
 
     Contract for losslessness: p and q are warped the same way (`warp_logits_to_probs`), q rows sum to 1 over
     the target vocabulary, and how many children a node has may depend on q but not on the tokens drawn (pruning
@@ -105,6 +108,7 @@ def accept_speculative(
         )
     children = _children(parent_list)
     token_list = tokens.tolist()
+    fixed_list = [False] * len(token_list) if fixed is None else fixed.tolist()
     uniforms = torch.rand(len(token_list), generator=generator, device=target_probs.device).tolist()  # (n,)
 
     path = [0]
@@ -115,7 +119,7 @@ def accept_speculative(
         for child in children[path[-1]]:
             x = token_list[child]
             p_x = p[x].item()
-            q_x = 0.0 if q is None else q[x].item()
+            q_x = 0.0 if q is None or fixed_list[child] else q[x].item()
             if q_x > 0:  # x was drawn from q: accept with probability min(1, p(x) / q(x))
                 if uniforms[child] * q_x < p_x:
                     accepted = child

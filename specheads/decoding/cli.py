@@ -4,7 +4,8 @@
 
 Tree settings: a tree file or the name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D``
 (every head type: one path of D tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K
-expansion, N nodes kept). No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter.
+expansion, N nodes kept). No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter;
+``--lookup-branch N`` adds up to N prompt-lookup tokens to the head's tree (``specheads.decoding.lookup_branch``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from transformers import HfArgumentParser
 from specheads.decoding.draft import PromptLookupDrafter
 from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
+from specheads.decoding.lookup_branch import LookupBranchDrafter
 
 
 @dataclass
@@ -39,6 +41,9 @@ class GenerateArgs:
     stop: list[str] = field(default_factory=list, metadata={"help": "stop strings"})
     raw: bool = field(default=False, metadata={"help": "feed the prompt without the chat template"})
     backoff: bool = field(default=False, metadata={"help": "stop drafting while it does not pay (lossless)"})
+    lookup_branch: int = field(
+        default=0, metadata={"help": "with --head: also graft up to N prompt-lookup tokens onto its tree (0 = off)"}
+    )
 
 
 def generate_main(argv: list[str] | None = None) -> int:
@@ -46,6 +51,11 @@ def generate_main(argv: list[str] | None = None) -> int:
     (args,) = parser.parse_args_into_dataclasses(args=argv)
     if args.head and args.prompt_lookup:
         parser.error("--head and --prompt-lookup are exclusive: pick one drafter")
+    if args.lookup_branch < 0 or (args.lookup_branch and not args.head):
+        parser.error(
+            f"--lookup-branch takes a token count >= 1 and needs --head (got {args.lookup_branch}, "
+            f"head {args.head}); for prompt lookup alone use --prompt-lookup"
+        )
     from specheads.target import load_target
 
     target, tokenizer = load_target(args.target)
@@ -57,6 +67,8 @@ def generate_main(argv: list[str] | None = None) -> int:
 
         target = load_lora_adapter(target, args.head)  # Medusa-2: the adapted target is the one being decoded
         drafter = build_drafter(load_head(args.head, target), args.tree)
+        if args.lookup_branch:
+            drafter = LookupBranchDrafter(drafter, num_tokens=args.lookup_branch)
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
     if args.raw:
@@ -79,7 +91,8 @@ def generate_main(argv: list[str] | None = None) -> int:
 def describe(drafter: Any, args: GenerateArgs) -> str:
     if drafter is None:
         return "plain decoding"
-    return f"{type(drafter).__name__}, tree {args.tree or 'default'}, {'T=' + str(args.temperature)}"
+    branch = f" + lookup branch of {args.lookup_branch}" if args.lookup_branch else ""
+    return f"{type(drafter).__name__}, tree {args.tree or 'default'}{branch}, {'T=' + str(args.temperature)}"
 
 
 if __name__ == "__main__":

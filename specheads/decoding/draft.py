@@ -58,13 +58,16 @@ class DraftTree:
 
     ``draft_probs[i]`` is the draft distribution q (target vocabulary) that node i's children were drawn from,
     sequentially without replacement in sibling order; None when the children are deterministic proposals
-    (top-k, n-gram lookup), which lossless acceptance treats as point masses.
+    (top-k, n-gram lookup), which lossless acceptance treats as point masses. ``fixed[i]`` marks node i as such a
+    deterministic proposal even though its parent has a q row (a lookup branch grafted onto a sampled tree); fixed
+    children come after their q-drawn siblings.
     """
 
     tokens: torch.Tensor  # (n,) long, target vocabulary
     parents: torch.Tensor  # (n,) long, parents[0] = -1
     draft_probs: torch.Tensor | None = None  # (n, V) or None
     structure: CompiledTree | None = None  # precompiled mask material (static trees), else built per step
+    fixed: torch.Tensor | None = None  # (n,) bool or None (= no node is fixed beyond what draft_probs=None says)
 
     @property
     def num_nodes(self) -> int:

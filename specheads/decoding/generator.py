@@ -273,7 +273,7 @@ class SpeculativeGenerator:
             threshold, alpha = self.typical_params
             return accept_typical(tree.tokens, tree.parents, logits, sampling.temperature, threshold, alpha, generator)
         target_probs = sampling.probs(logits)  # (n, V), warped exactly like the draft's q
-        return accept_speculative(tree.tokens, tree.parents, target_probs, tree.draft_probs, generator)
+        return accept_speculative(tree.tokens, tree.parents, target_probs, tree.draft_probs, generator, tree.fixed)
 
     def emit(
         self,

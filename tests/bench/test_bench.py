@@ -37,6 +37,7 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
         methods=["specheads-plain"],
         out=str(tmp_path / "out"),
         backoff=True,
+        lookup_branch=4,
         progress=False,
     )
     report, paths = run_bench(settings, target, tokenizer)
@@ -49,10 +50,14 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
         "specheads-plain",
         "specheads-medusa-untrained",
         "specheads-medusa-untrained+backoff",
+        "specheads-medusa-untrained+lookup",
     ]
     backoff = loaded["results"]["specheads-medusa-untrained+backoff"][OVERALL]
     assert backoff["identical"] == backoff["compared"] == 2  # drafting switched off and on stays lossless
     assert loaded["methods"]["specheads-medusa-untrained+backoff"]["backoff"] is True
+    branch = loaded["results"]["specheads-medusa-untrained+lookup"][OVERALL]
+    assert branch["identical"] == branch["compared"] == 2
+    assert "chain:2 + lookup branch (up to 4 tokens" in loaded["methods"]["specheads-medusa-untrained+lookup"]["tree"]
     plain = loaded["results"]["specheads-plain"][OVERALL]
     assert plain["tau"] == 1.0 and plain["identical"] == plain["compared"] == 2  # the loop alone: one token a step
     medusa = loaded["results"]["specheads-medusa-untrained"]

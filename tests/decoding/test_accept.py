@@ -61,6 +61,7 @@ class Scenario:
 
     parents: list[int]
     fixed_tokens: list[int] | None = None  # deterministic proposals: draft_probs=None
+    grafted: tuple[tuple[int, int], ...] = ()  # (node, token): fixed proposals among drawn siblings (lookup branch)
 
     def depths(self) -> list[int]:
         depth = [0] * len(self.parents)
@@ -74,6 +75,10 @@ CHAIN = Scenario(parents=[-1, 0, 1])
 TREE = Scenario(parents=[-1, 0, 0, 0, 1, 1, 2])
 # Fixed proposals (e.g. top-k of Medusa heads), including tokens the target gives zero mass (P1[2, 0] = 0).
 FIXED = Scenario(parents=[-1, 0, 0, 0, 1, 1, 2], fixed_tokens=[0, 2, 4, 0, 0, 1, 4])
+# A lookup branch grafted onto a sampled tree: after the root's 2 drawn children, a fixed child (token 1, which
+# the draws may also have produced) with a fixed child of its own (token 0); the drawn nodes keep their q rows.
+# Both grafted tokens are ones q rarely draws, so judging them as draws (min(1, p/q)) would over-accept them.
+GRAFTED = Scenario(parents=[-1, 0, 0, 1, 0, 4], grafted=((4, 1), (5, 0)))
 
 
 def _rows(depth: int, token: torch.Tensor, first: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
@@ -93,9 +98,12 @@ def _draw_trees(scenario: Scenario, n_trials: int, gen: torch.Generator) -> tupl
     if scenario.fixed_tokens is not None:
         tokens[:] = torch.tensor(scenario.fixed_tokens)
     draft = torch.zeros(n_trials, n, V)
+    grafted = dict(scenario.grafted)
+    for node, token in grafted.items():
+        tokens[:, node] = token
     for node in range(n):
         draft[:, node] = _rows(depth[node], tokens[:, node], Q0, Q1)
-        children = [c for c, parent in enumerate(scenario.parents) if parent == node]
+        children = [c for c, parent in enumerate(scenario.parents) if parent == node and c not in grafted]
         if children and scenario.fixed_tokens is None:
             gumbel = -torch.log(-torch.log(torch.rand(n_trials, V, generator=gen).clamp_min(1e-12)))
             order = torch.topk(draft[:, node].log() + gumbel, len(children), dim=-1).indices  # (N, k)
@@ -111,9 +119,12 @@ def _first_two_tokens(accept: AcceptFn, scenario: Scenario, n_trials: int, seed:
     tokens, target, draft = _draw_trees(scenario, n_trials, gen)
     parents = torch.tensor(scenario.parents)
     drafts = [None] * n_trials if scenario.fixed_tokens is not None else draft.unbind(0)
+    fixed = torch.zeros(len(scenario.parents), dtype=torch.bool)
+    fixed[[node for node, _ in scenario.grafted]] = True
+    extra = {"fixed": fixed} if scenario.grafted else {}
     first, second = [], []
     for tokens_t, target_t, draft_t, token_list in zip(tokens.unbind(0), target.unbind(0), drafts, tokens.tolist()):
-        result = accept(tokens_t, parents, target_t, draft_t, gen)
+        result = accept(tokens_t, parents, target_t, draft_t, gen, **extra)
         committed = [*(token_list[node] for node in result.path[1:]), result.next_token]
         first.append(committed[0])
         second.append(committed[1] if len(committed) > 1 else -1)
@@ -184,7 +195,9 @@ forget_siblings_were_drawn_without_replacement = _wrong_walk(_min_one_ratio, _tr
 # Lossless: statistical tests.
 
 
-@pytest.mark.parametrize("scenario", [CHAIN, TREE, FIXED], ids=["chain", "tree-without-replacement", "fixed"])
+@pytest.mark.parametrize(
+    "scenario", [CHAIN, TREE, FIXED, GRAFTED], ids=["chain", "tree-without-replacement", "fixed", "grafted-lookup"]
+)
 def test_speculative_sampling_reproduces_target_distribution(scenario: Scenario) -> None:
     pairs = _first_two_tokens(accept_speculative, scenario, N_TRIALS, seed=0)
     pair_p, first_p, total_variation = _compare_with_target(pairs)
@@ -206,6 +219,17 @@ def test_speculative_sampling_reproduces_target_distribution(scenario: Scenario)
 )
 def test_statistical_test_rejects_wrong_rules(scenario: Scenario, wrong_rule: AcceptFn) -> None:
     pairs = _first_two_tokens(wrong_rule, scenario, N_TRIALS_WRONG, seed=0)
+    pair_p, _, total_variation = _compare_with_target(pairs)
+    assert pair_p < 1e-6, f"the test cannot tell a wrong rule from the target (p={pair_p:.2e}, tv={total_variation})"
+
+
+def test_statistical_test_rejects_grafted_nodes_judged_as_draws() -> None:
+    """Without ``fixed``, a grafted token that q can draw is judged by min(1, p/q) as if it had been drawn."""
+
+    def ignore_fixed(tokens, parents, target_probs, draft_probs, generator, fixed):
+        return accept_speculative(tokens, parents, target_probs, draft_probs, generator)
+
+    pairs = _first_two_tokens(ignore_fixed, GRAFTED, N_TRIALS_WRONG, seed=0)
     pair_p, _, total_variation = _compare_with_target(pairs)
     assert pair_p < 1e-6, f"the test cannot tell a wrong rule from the target (p={pair_p:.2e}, tv={total_variation})"
 

@@ -26,6 +26,15 @@ def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
     assert medusa.out == plain.out and "MedusaDrafter" in medusa.err  # greedy: same text
     assert generate_main([*common, "--prompt-lookup", "--temperature", "0.8", "--seed", "3"]) == 0
     assert "PromptLookupDrafter" in capsys.readouterr().err
+    assert (
+        generate_main([*common, "--head", str(tmp_path / "medusa"), "--tree", "chain:2", "--lookup-branch", "4"]) == 0
+    )
+    branch = capsys.readouterr()
+    assert branch.out == plain.out and "LookupBranchDrafter" in branch.err and "lookup branch of 4" in branch.err
+    for bad in (["--lookup-branch", "3"], ["--head", str(tmp_path / "medusa"), "--lookup-branch", "-1"]):
+        with pytest.raises(SystemExit):
+            generate_main([*common, *bad])
+    assert "--lookup-branch takes a token count >= 1 and needs --head" in capsys.readouterr().err
 
 
 def test_build_drafter_tree_settings(tiny_llama):

@@ -8,6 +8,7 @@ import torch
 from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter, Sampling
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
@@ -16,7 +17,7 @@ from tests.decoding.helpers import TinyTokenizer
 PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
 
 
-DRAFTERS = ["medusa", "eagle1", "eagle3", "eagle3-d2t", "draft_model", "lookup"]
+DRAFTERS = ["medusa", "eagle1", "eagle3", "eagle3-d2t", "draft_model", "lookup", "eagle3+lookup", "medusa+lookup"]
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def tiny_llama(tiny_llama):
 
 def tiny_drafters(target) -> dict[str, object]:
     torch.manual_seed(0)
-    return {
+    drafters = {
         "medusa": MedusaDrafter(
             MedusaHeads(MedusaConfig(num_heads=3), target).eval(), static_tree([[0], [1], [0, 0], [0, 0, 0]])
         ),
@@ -41,6 +42,9 @@ def tiny_drafters(target) -> dict[str, object]:
         "draft_model": DraftModelDrafter(DraftModel.from_target(target, 1).eval(), draft_length=3),
         "lookup": PromptLookupDrafter(num_tokens=4),
     }
+    for name in ("eagle3", "medusa"):  # the head's tree plus a lookup branch (min_ngram=1: it fires on PROMPT)
+        drafters[f"{name}+lookup"] = LookupBranchDrafter(drafters[name], num_tokens=3, min_ngram=1)
+    return drafters
 
 
 @pytest.mark.parametrize("name", DRAFTERS)

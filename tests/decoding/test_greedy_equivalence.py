@@ -7,7 +7,8 @@ untrained or random: correctness must not depend on draft quality.
 CI budget (2 CPU cores): every prompt's greedy baseline is computed once per session and shared. Every drafter
 runs on at least 20 prompts with its default tree: prompt lookup (chain) on all 22, Medusa on a static tree,
 EAGLE-1 and EAGLE-3 on dynamic trees and a 4-layer truncated draft model (adaptive chain) on 20. The chain
-variants of Medusa and EAGLE-3 run on 5 prompts spread over the categories.
+variants of Medusa and EAGLE-3, and EAGLE-3's tree with a prompt-lookup branch, run on 5 prompts spread over the
+categories.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
@@ -67,6 +69,8 @@ def make_drafter(name: str, target):
         return DraftModelDrafter(DraftModel.from_target(target, 4).eval(), draft_length=3)
     if name == "prompt-lookup":
         return PromptLookupDrafter(num_tokens=6)
+    if name == "eagle3-dynamic+lookup":  # the defaults: a match of >= 2 tokens, up to 5 tokens grafted on
+        return LookupBranchDrafter(make_drafter("eagle3-dynamic", target))
     raise KeyError(name)
 
 
@@ -90,6 +94,6 @@ def test_drafters_twenty_prompts(smollm2, greedy_baseline, drafter_name):
     check_equivalence(smollm2, greedy_baseline, drafter_name, TWENTY)
 
 
-@pytest.mark.parametrize("drafter_name", ["medusa-chain", "eagle3-chain"])
+@pytest.mark.parametrize("drafter_name", ["medusa-chain", "eagle3-chain", "eagle3-dynamic+lookup"])
 def test_chains_few_prompts(smollm2, greedy_baseline, drafter_name):
     check_equivalence(smollm2, greedy_baseline, drafter_name, FEW)

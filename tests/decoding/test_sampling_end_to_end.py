@@ -18,6 +18,7 @@ from scipy.stats import chisquare
 from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
@@ -27,7 +28,7 @@ from tests.decoding.helpers import TinyTokenizer
 VOCAB = 8
 NEW_TOKENS = 2
 SAMPLES = 1000
-PROMPT = torch.tensor([1, 5, 2, 7, 3])
+PROMPT = torch.tensor([1, 5, 2, 7, 3, 0, 6, 4, 2])  # every token of the vocabulary: prompt lookup always matches
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,10 @@ def make_drafter(name: str, target):
         return MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=2), target).eval(), tree)
     if name == "draft-model-chain":
         return DraftModelDrafter(DraftModel.from_target(target, 1).eval(), draft_length=3)
+    if (
+        name == "eagle3-dynamic+lookup"
+    ):  # min_ngram=1 on a PROMPT holding every token: the branch fires almost every step
+        return LookupBranchDrafter(make_drafter("eagle3-dynamic", target), num_tokens=2, min_ngram=1)
     raise KeyError(name)
 
 
@@ -85,8 +90,9 @@ def pooled_chisquare(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, 
 
 
 # The acceptance rules themselves are proven per tree shape in test_accept.py; here the whole loop runs for a
-# dynamic tree (EAGLE-3, siblings drawn without replacement) and a chain (draft model).
-@pytest.mark.parametrize("name", ["eagle3-dynamic", "draft-model-chain"])
+# dynamic tree (EAGLE-3, siblings drawn without replacement), the same tree with a prompt-lookup branch grafted on
+# (fixed proposals after drawn siblings) and a chain (draft model).
+@pytest.mark.parametrize("name", ["eagle3-dynamic", "eagle3-dynamic+lookup", "draft-model-chain"])
 def test_sampled_sequences_follow_the_target_distribution(peaked_target, name):
     probs = exact_distribution(peaked_target)
     assert len(probs) == VOCAB**NEW_TOKENS and abs(sum(probs.values()) - 1) < 1e-9

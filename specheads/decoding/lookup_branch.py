@@ -1,0 +1,115 @@
+"""A head's draft tree plus a prompt-lookup branch, verified together in the same single forward.
+
+A trained head guesses what the target tends to write; n-gram lookup (``PromptLookupDrafter``) guesses that the
+text repeats a span it has already seen (translations keep names and numbers, summaries and RAG answers quote the
+passage). They fail on different tokens, so one tree carries both: the lookup continuation is grafted onto the
+head's tree where their tokens agree (walking down from the root while a child has the lookup's next token) and
+the rest hangs below as a chain. Nothing is verified twice, and the verifier does not know where a node came from.
+
+Lossless either way. Greedy acceptance only compares tokens. Under sampling the grafted nodes are marked
+``fixed`` (point-mass proposals, ``accept_speculative``) and come after the head's drawn siblings, so the head's
+q rows still describe exactly the children drawn from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specheads.decoding.draft import (
+    DraftTree,
+    HiddenStates,
+    LookupState,
+    PromptLookupDrafter,
+    Sampling,
+    lookup_continuation,
+)
+
+DEFAULT_LOOKUP_TOKENS = 5
+DEFAULT_LOOKUP_MIN_NGRAM = 2
+"""Defaults for the branch: a match of at least two tokens (a one-token match proposes a chain on almost every
+step, which a CPU pays for in verification), and at most 5 tokens (docs/results.md: on the 2-core CPU a forward
+over 4 tokens costs about one step, over 8-16 about 1.9 steps)."""
+
+
+@dataclass
+class LookupBranchState:
+    inner: Any  # the wrapped drafter's state
+    lookup: LookupState
+
+
+class LookupBranchDrafter:
+    """Wraps any drafter: its tree, plus the prompt-lookup continuation grafted on (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: Any,
+        num_tokens: int = DEFAULT_LOOKUP_TOKENS,
+        max_ngram: int = 3,
+        min_ngram: int = DEFAULT_LOOKUP_MIN_NGRAM,
+    ) -> None:
+        self.inner = inner
+        self.lookup = PromptLookupDrafter(num_tokens, max_ngram, min_ngram)
+        self.layer_ids = list(inner.layer_ids)
+        # The generator swaps CPU kernels into a drafter's ``model`` / ``head`` modules: expose the inner ones.
+        self.model, self.head = getattr(inner, "model", None), getattr(inner, "head", None)
+
+    def begin(
+        self,
+        prompt_ids: torch.Tensor,
+        hidden_states: HiddenStates | None,
+        root: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+    ) -> LookupBranchState:
+        inner = self.inner.begin(prompt_ids, hidden_states, root, sampling, generator)
+        return LookupBranchState(inner, self.lookup.begin(prompt_ids, None, root, sampling, generator))
+
+    def observe(
+        self, state: LookupBranchState, fed_tokens: torch.Tensor, hidden_states: HiddenStates | None, root: int
+    ) -> None:
+        self.inner.observe(state.inner, fed_tokens, hidden_states, root)
+        self.lookup.observe(state.lookup, fed_tokens, None, root)
+
+    def propose(self, state: LookupBranchState) -> DraftTree:
+        tree = self.inner.propose(state.inner)
+        lookup = self.lookup
+        chain = lookup_continuation(
+            torch.tensor(state.lookup.context), lookup.num_tokens, lookup.max_ngram, lookup.min_ngram
+        )
+        return graft_chain(tree, chain)
+
+
+def graft_chain(tree: DraftTree, chain: torch.Tensor) -> DraftTree:
+    """``tree`` with the token chain ``chain`` (the tokens after the root) added as a path from the root.
+
+    Walks down from the root while a child already has the chain's next token, then appends the remaining tokens
+    as a chain under the last matched node. The new nodes come last (after every existing node, so after their
+    siblings) and are marked ``fixed``; their ``draft_probs`` rows are zeros. Returns ``tree`` itself when the
+    chain adds nothing.
+    """
+    tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
+    steps = chain.view(-1).tolist()
+    node, matched = 0, 0
+    for token in steps:
+        child = next((c for c in range(1, len(tokens)) if parents[c] == node and tokens[c] == token), None)
+        if child is None:
+            break
+        node, matched = child, matched + 1
+    rest = steps[matched:]
+    if not rest:
+        return tree
+    n, device = len(tokens), tree.tokens.device
+    new_parents = [node] + list(range(n, n + len(rest) - 1))
+    fixed = tree.fixed if tree.fixed is not None else torch.zeros(n, dtype=torch.bool, device=device)
+    draft_probs = tree.draft_probs
+    if draft_probs is not None:
+        draft_probs = torch.cat([draft_probs, draft_probs.new_zeros(len(rest), draft_probs.shape[1])])
+    return DraftTree(
+        tokens=torch.cat([tree.tokens, torch.tensor(rest, dtype=tree.tokens.dtype, device=device)]),
+        parents=torch.cat([tree.parents, torch.tensor(new_parents, dtype=tree.parents.dtype, device=device)]),
+        draft_probs=draft_probs,
+        fixed=torch.cat([fixed, torch.ones(len(rest), dtype=torch.bool, device=device)]),
+    )
