@@ -40,7 +40,10 @@ TRAIN_OVERRIDES = [
 """A short EAGLE-3 run that fits the demo's budget on 2 CPU cores (shorter sequences, 4 training-time-test steps,
 120 steps); ``configs/eagle3/smollm2-135m.yaml`` is the full recipe."""
 
-GENERATE_COMMAND = f"specheads generate --target {TARGET} --head {HEAD_DIR.relative_to(REPO)} --prompt 'Write a haiku'"
+GENERATE_COMMAND = (
+    f"specheads generate --target {TARGET} --head {HEAD_DIR.relative_to(REPO)} --prompt 'Write a haiku' "
+    "[--lookup-branch 5]"
+)
 
 BENCH = BenchSettings(
     target=TARGET,
@@ -49,6 +52,7 @@ BENCH = BenchSettings(
     heads=[str(HEAD_DIR)],
     trees=["auto"],
     methods=[],
+    lookup_branch=5,  # the head again with prompt lookup grafted onto its tree (specheads.decoding.lookup_branch)
     out=str(BENCH_DIR),
 )
 
@@ -81,7 +85,7 @@ def demo_main() -> int:
         shown = ", ".join(f"{k} {v:.3f}" for k, v in result.metrics.items() if "top1" in k or k.endswith("tau"))
         print(f"  trained {result.step} steps ({time.perf_counter() - started:.0f} s); held-out: {shown}")
     what = f"{BENCH.per_category} Spec-Bench prompt(s) per category, {BENCH.max_new_tokens} new tokens, T=0"
-    stage(4, 4, f"Benchmarking against plain generate: {what}")
+    stage(4, 4, f"Benchmarking against plain generate: {what}; the head alone and with a prompt-lookup branch")
     report, paths = run_bench(BENCH, target, tokenizer)
     print_summary(report)
     warn_mismatches(report)

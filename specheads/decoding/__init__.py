@@ -25,6 +25,7 @@ from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import GenerationResult, GenerationStats, SpeculativeGenerator
 from specheads.decoding.kv_cache import commit_path
+from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.sampling import warp_logits_to_probs
 from specheads.decoding.tree import (
@@ -50,6 +51,7 @@ __all__ = [
     "EagleTreeDrafter",
     "GenerationResult",
     "GenerationStats",
+    "LookupBranchDrafter",
     "MedusaDrafter",
     "PromptLookupDrafter",
     "Sampling",

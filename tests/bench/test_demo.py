@@ -24,3 +24,4 @@ def test_demo_training_overrides_are_a_valid_eagle3_config():
 
 def test_demo_bench_compares_only_against_plain_generate():
     assert demo.BENCH.methods == [] and demo.BENCH.heads == [str(demo.HEAD_DIR)]
+    assert demo.BENCH.lookup_branch == 5  # the head is also shown with a prompt-lookup branch (NAME+lookup)
