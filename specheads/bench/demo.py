@@ -96,9 +96,10 @@ def demo_main() -> int:
 
 
 def print_summary(report: dict) -> None:
-    header = f"{'method':<40} {'tau':>5} {'tokens/s':>9} {'speedup':>8} {'identical':>10}"
+    width = max(len(name) for name in ["method", *report["results"]])
+    header = f"{'method':<{width}} {'tau':>5} {'tokens/s':>9} {'speedup':>8} {'identical':>10}"
     print("\n" + header + "\n" + "-" * len(header))
     for name, groups in report["results"].items():
         s = groups[OVERALL]
         same = "baseline" if name == report["baseline"] else f"{s['identical']}/{s['compared']}"
-        print(f"{name:<40} {s['tau']:>5.2f} {s['tokens_per_s']:>9.1f} {s['speedup']:>7.2f}x {same:>10}")
+        print(f"{name:<{width}} {s['tau']:>5.2f} {s['tokens_per_s']:>9.1f} {s['speedup']:>7.2f}x {same:>10}")

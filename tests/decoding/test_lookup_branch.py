@@ -13,7 +13,7 @@ import torch
 from specheads.decoding.draft import DraftTree, MedusaDrafter, PromptLookupDrafter, Sampling
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
-from specheads.decoding.lookup_branch import LookupBranchDrafter, graft_chain
+from specheads.decoding.lookup_branch import LookupBranchDrafter, first_choice_path, graft_chain
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
@@ -52,6 +52,31 @@ def test_graft_keeps_earlier_fixed_marks() -> None:
     assert twice.fixed.tolist() == [False, False, False, False, True, True]
 
 
+def test_first_choice_path_keeps_the_first_child_at_every_level() -> None:
+    # root 10 -> {11 -> {13, 14 -> 16}, 12 -> 15}: first children 11, then 13
+    q = torch.rand(7, 20, generator=torch.Generator().manual_seed(0))
+    tree = DraftTree(torch.tensor([10, 11, 12, 13, 14, 15, 16]), torch.tensor([-1, 0, 0, 1, 1, 2, 4]), q)
+    path = first_choice_path(tree)
+    assert path.tokens.tolist() == [10, 11, 13] and path.parents.tolist() == [-1, 0, 1]
+    assert torch.equal(path.draft_probs, q[[0, 1, 3]]) and path.fixed is None
+    chain = DraftTree(torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 1]))
+    assert first_choice_path(chain) is chain
+
+
+def test_narrow_branch_keeps_the_head_first_choice_only_when_the_lookup_proposes(tiny_llama) -> None:
+    torch.manual_seed(0)
+    eagle = EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
+    drafter = LookupBranchDrafter(eagle, num_tokens=3, min_ngram=2)  # narrow is the default
+    with torch.no_grad():
+        matched = drafter.propose(_begin(drafter, tiny_llama, torch.tensor([5, 6, 7, 8, 9, 1, 2, 5]), 6, Sampling()))
+        unmatched = drafter.propose(_begin(drafter, tiny_llama, torch.tensor([1, 2, 3, 4]), 5, Sampling()))
+        head = eagle.propose(_begin(eagle, tiny_llama, torch.tensor([5, 6, 7, 8, 9, 1, 2, 5]), 6, Sampling()))
+    head_part = matched.tokens[~matched.fixed]
+    assert torch.equal(head_part, first_choice_path(head).tokens)  # the head's best path, then the lookup's
+    assert matched.tokens[matched.fixed].tolist() == [7, 8, 9][-int(matched.fixed.sum()) :]
+    assert unmatched.num_nodes == 5 and unmatched.fixed is None  # no lookup proposal: the head's whole tree
+
+
 def _begin(drafter, target, prompt: torch.Tensor, root: int, sampling: Sampling):
     out = target(input_ids=prompt.unsqueeze(0), output_hidden_states=drafter.layer_ids or None)
     hidden = out.hidden_states if drafter.layer_ids else None
@@ -61,7 +86,7 @@ def _begin(drafter, target, prompt: torch.Tensor, root: int, sampling: Sampling)
 def test_the_branch_adds_the_lookup_continuation_to_an_eagle_tree(tiny_llama) -> None:
     torch.manual_seed(0)
     eagle = EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
-    drafter = LookupBranchDrafter(eagle, num_tokens=3, min_ngram=2)
+    drafter = LookupBranchDrafter(eagle, num_tokens=3, min_ngram=2, narrow=False)
     prompt = torch.tensor([5, 6, 7, 8, 9, 1, 2, 5])
     for sampling in (Sampling(), Sampling(temperature=1.0)):
         with torch.no_grad():
