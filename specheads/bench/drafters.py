@@ -110,8 +110,9 @@ def with_lookup_branch(spec: DrafterSpec, num_tokens: int) -> DrafterSpec:
     drafts nothing (``auto`` chose plain decoding) the lookup chain alone, with the branch's n-gram settings."""
     if num_tokens < 1:
         raise ValueError(f"a lookup branch needs num_tokens >= 1, got {num_tokens}")
-    branch = f" + lookup branch (up to {num_tokens} tokens, n-gram >= {DEFAULT_LOOKUP_MIN_NGRAM})"
+    branch = f" + lookup branch (up to {num_tokens} tokens, n-gram >= {DEFAULT_LOOKUP_MIN_NGRAM}"
     if spec.drafter is None:
         drafter = PromptLookupDrafter(num_tokens, min_ngram=DEFAULT_LOOKUP_MIN_NGRAM, max_ngram=3)
-        return DrafterSpec(drafter, f"no head tree{branch}", spec.auto)
-    return DrafterSpec(LookupBranchDrafter(spec.drafter, num_tokens), spec.tree + branch, spec.auto)
+        return DrafterSpec(drafter, f"no head tree{branch})", spec.auto)
+    narrow = "; where it proposes, only the head's first-choice path beside it)"
+    return DrafterSpec(LookupBranchDrafter(spec.drafter, num_tokens), spec.tree + branch + narrow, spec.auto)

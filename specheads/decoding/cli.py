@@ -42,7 +42,11 @@ class GenerateArgs:
     raw: bool = field(default=False, metadata={"help": "feed the prompt without the chat template"})
     backoff: bool = field(default=False, metadata={"help": "stop drafting while it does not pay (lossless)"})
     lookup_branch: int = field(
-        default=0, metadata={"help": "with --head: also graft up to N prompt-lookup tokens onto its tree (0 = off)"}
+        default=0,
+        metadata={
+            "help": "with --head: also graft up to N prompt-lookup tokens onto its tree (0 = off; pays at T=0 on text "
+            "that repeats the prompt, not under sampling: docs/results.md)"
+        },
     )
 
 
