@@ -62,8 +62,11 @@ class EagleTreeDrafter:
         fed = fed_tokens.view(-1).to(features.device)
         next_tokens = torch.cat([fed[1:], fed.new_tensor([root])]).unsqueeze(0)  # (1, m)
         positions = torch.arange(committed, committed + fed.numel(), device=features.device).unsqueeze(0)
-        hidden, logits = self.head(features, next_tokens, positions, cache=state.cache)
-        state.hidden, state.logits, state.root = hidden[:, -1:], logits[0, -1], root
+        # Only the last row's logits are used (the root's children): the vocabulary projection of every fed row
+        # cost EAGLE-1 more than its decoder layer (13 of 26 ms for 4 rows, 330 of 400 ms for a 600-token prompt).
+        hidden, _ = self.head(features, next_tokens, positions, cache=state.cache, with_logits=False)
+        state.hidden, state.root = hidden[:, -1:], root
+        state.logits = self.head.logits(state.hidden)[0, -1]
         state.cache_len = committed + fed.numel()
 
     def propose(self, state: EagleState) -> DraftTree:

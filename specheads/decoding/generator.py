@@ -251,6 +251,7 @@ class SpeculativeGenerator:
             cache=cache,
             use_cache=True,
             output_hidden_states=self.layer_ids or None,
+            logits_to_keep=1,  # only the last position picks a token: skip the (T, V) lm_head over the prompt
         )
         logits = out.logits[0, -1]  # (V,)
         if sampling.greedy:

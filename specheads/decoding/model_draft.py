@@ -66,7 +66,8 @@ class DraftModelDrafter:
         feed = torch.tensor(state.pending + [state.root], device=device).unsqueeze(0)  # (1, m)
         chain, q_rows = [state.root], []
         for _ in range(state.draft_length):
-            logits = self.model(input_ids=feed, cache=state.cache, use_cache=True).logits[0, -1]  # (V,)
+            out = self.model(input_ids=feed, cache=state.cache, use_cache=True, logits_to_keep=1)  # feed may be long
+            logits = out.logits[0, -1]  # (V,)
             q = state.sampling.probs(logits)
             token, _ = draw_children(q, 1, state.sampling.greedy, state.generator)
             q_rows.append(q)
