@@ -194,10 +194,12 @@ class PromptLookupDrafter:
     ) -> None:
         state.context.extend(fed_tokens.view(-1).tolist()[1:] + [root])  # the old root is already in the context
 
+    def continuation(self, state: LookupState) -> torch.Tensor:
+        """The proposed tokens after the root (possibly none)."""
+        return lookup_continuation(torch.tensor(state.context), self.num_tokens, self.max_ngram, self.min_ngram)
+
     def propose(self, state: LookupState) -> DraftTree:
-        context = torch.tensor(state.context)
-        draft = lookup_continuation(context, self.num_tokens, self.max_ngram, self.min_ngram)
-        tokens = torch.cat([context[-1:], draft])
+        tokens = torch.cat([torch.tensor(state.context[-1:]), self.continuation(state)])
         return DraftTree(tokens=tokens, parents=chain_parents(tokens.numel()))
 
 

@@ -25,7 +25,6 @@ from specheads.decoding.draft import (
     LookupState,
     PromptLookupDrafter,
     Sampling,
-    lookup_continuation,
 )
 
 DEFAULT_LOOKUP_TOKENS = 5
@@ -80,10 +79,7 @@ class LookupBranchDrafter:
 
     def propose(self, state: LookupBranchState) -> DraftTree:
         tree = self.inner.propose(state.inner)
-        lookup = self.lookup
-        chain = lookup_continuation(
-            torch.tensor(state.lookup.context), lookup.num_tokens, lookup.max_ngram, lookup.min_ngram
-        )
+        chain = self.lookup.continuation(state.lookup)
         if self.narrow and chain.numel():
             tree = first_choice_path(tree)
         return graft_chain(tree, chain)

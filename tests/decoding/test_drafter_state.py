@@ -43,6 +43,11 @@ def test_eagle_cache_after_a_step_equals_a_fresh_start(tiny_llama):
         _assert_same_cache(state.cache, fresh.cache)
         torch.testing.assert_close(state.logits, fresh.logits, atol=1e-4, rtol=1e-4)
         assert state.cache_len == sequence.numel()
+        # observe projects only the last row onto the vocabulary: the same logits as the head's full forward
+        next_tokens = torch.cat([sequence[1:], torch.tensor([23])]).unsqueeze(0)
+        positions = torch.arange(sequence.numel()).unsqueeze(0)
+        _, reference = drafter.head(drafter.head.fuse(full), next_tokens, positions)
+        torch.testing.assert_close(state.logits, reference[0, -1], atol=1e-4, rtol=1e-4)
 
 
 @torch.inference_mode()
