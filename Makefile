@@ -5,6 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.specheads-installed
+# One pytest worker per core, one torch thread each: small-batch CPU forwards are memory-bound, so two 1-thread
+# workers do twice the work of one 2-thread process (tests/conftest.py).
+TEST_WORKERS ?= auto
 
 .PHONY: venv demo test lint clean
 
@@ -24,7 +27,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q --durations=15 tests
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist worksteal tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specheads scripts tests

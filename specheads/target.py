@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
@@ -147,10 +148,23 @@ def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
 
 def ensure_builtin_converted(name: str) -> Path:
     """Convert a built-in GGUF target to a safetensors directory once; return the cached directory."""
-    spec = BUILTIN_TARGETS[name]
     target_dir = builtin_cache_dir(name)
-    if (target_dir / "config.json").is_file() and (target_dir / "model.safetensors").is_file():
+    if _is_converted(target_dir):
         return target_dir
+    target_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Several processes (test workers, launched ranks) may start on a fresh machine at once: one converts.
+    with FileLock(str(target_dir) + ".lock"):
+        if not _is_converted(target_dir):
+            _convert_builtin(name, target_dir)
+    return target_dir
+
+
+def _is_converted(target_dir: Path) -> bool:
+    return (target_dir / "config.json").is_file() and (target_dir / "model.safetensors").is_file()
+
+
+def _convert_builtin(name: str, target_dir: Path) -> None:
+    spec = BUILTIN_TARGETS[name]
     try:
         package_dir = importlib.resources.files(spec.package)
     except ModuleNotFoundError as err:
@@ -167,7 +181,6 @@ def ensure_builtin_converted(name: str) -> Path:
         tokenizer_kwargs={"gguf_file": gguf_path.name},
     )
     _drop_gguf_quantizer(model)
-    target_dir.parent.mkdir(parents=True, exist_ok=True)
     # Write into a temporary sibling and rename, so a killed conversion never leaves a half-written cache.
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target_dir.parent))
     try:
@@ -178,7 +191,6 @@ def ensure_builtin_converted(name: str) -> Path:
         tmp.rename(target_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target_dir
 
 
 @torch.no_grad()

@@ -10,7 +10,9 @@ from transformers import LlamaForCausalLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Share the cores among pytest-xdist workers (PYTEST_XDIST_WORKER_COUNT), at most 2 threads each.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 from tiny_models import SMOLLM2, make_tiny_llama  # noqa: E402  (after the environment is set)
 

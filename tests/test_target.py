@@ -129,3 +129,31 @@ def test_architecture_ignoring_4d_masks_is_rejected():
     ignoring.load_state_dict(tiny.state_dict())
     with pytest.raises(TargetLoadError, match="ignores a custom 4D attention mask"):
         check_tree_attention_support(ignoring)
+
+
+@pytest.mark.slow
+def test_a_second_process_waits_for_the_conversion_in_progress(smollm2, tmp_path):
+    """Two processes on a fresh cache (test workers, launched ranks): the second waits on the lock, then reuses the
+    copy the first wrote instead of converting again and replacing it under the first one's feet."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from filelock import FileLock
+
+    target_dir = tmp_path / "targets" / SMOLLM2
+    target_dir.parent.mkdir(parents=True)
+    env = {**os.environ, "SPECHEADS_CACHE": str(tmp_path)}
+    code = f"from specheads.target import ensure_builtin_converted; print(ensure_builtin_converted({SMOLLM2!r}))"
+    with FileLock(str(target_dir) + ".lock"):  # this process is "converting"
+        waiter = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+        time.sleep(15)  # imports take a few seconds; then it must block on the lock, not convert
+        assert waiter.poll() is None, "the second process did not wait for the conversion in progress"
+        assert not target_dir.exists()
+        shutil.copytree(builtin_cache_dir(SMOLLM2), target_dir)
+        stamp = (target_dir / "model.safetensors").stat().st_mtime_ns
+    out, _ = waiter.communicate(timeout=300)
+    assert waiter.returncode == 0 and out.strip().splitlines()[-1] == str(target_dir)
+    assert (target_dir / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not converted again
+    assert sorted(p.name for p in target_dir.parent.iterdir()) == [SMOLLM2, SMOLLM2 + ".lock"]

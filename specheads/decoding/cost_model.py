@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -121,7 +122,9 @@ def load_or_measure_cost_curve(
         return CostCurve(**json.loads(path.read_text()))
     curve = measure_cost_curve(target, sizes, repeats=repeats)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(asdict(curve), indent=2))
+    partial = path.with_name(f".{path.name}.{os.getpid()}")  # renamed into place: a reader never sees half a file
+    partial.write_text(json.dumps(asdict(curve), indent=2))
+    os.replace(partial, path)
     return curve
 
 
