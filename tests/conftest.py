@@ -28,3 +28,11 @@ def smollm2():
     from specheads.target import load_target
 
     return load_target(SMOLLM2)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long tests first (SmolLM2 runs, then multi-process launches; stable order otherwise): with several xdist
+    workers they start at once and the short tests fill in around them, instead of one running alone at the end."""
+    items.sort(
+        key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("distributed") is None)
+    )
