@@ -73,6 +73,16 @@ class DraftTree:
     def num_nodes(self) -> int:
         return self.tokens.shape[0]
 
+    def to(self, device: torch.device | str) -> DraftTree:
+        """The same tree on ``device`` (itself when it is there already). Drafters that work on token lists,
+        like prompt lookup, build their trees on the CPU."""
+        if self.tokens.device == torch.device(device):
+            return self
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return DraftTree(
+            move(self.tokens), move(self.parents), move(self.draft_probs), self.structure, move(self.fixed)
+        )
+
 
 def root_only_tree(root: int, device: torch.device | str) -> DraftTree:
     """A tree with no candidates: verifying it is one plain decoding step."""
@@ -194,12 +204,12 @@ class PromptLookupDrafter:
     ) -> None:
         state.context.extend(fed_tokens.view(-1).tolist()[1:] + [root])  # the old root is already in the context
 
-    def continuation(self, state: LookupState) -> torch.Tensor:
-        """The proposed tokens after the root (possibly none)."""
-        return lookup_continuation(torch.tensor(state.context), self.num_tokens, self.max_ngram, self.min_ngram)
+    def continuation(self, state: LookupState) -> tuple[torch.Tensor, int]:
+        """The proposed tokens after the root (possibly none) and the length of the n-gram they matched (0: none)."""
+        return lookup_match(torch.tensor(state.context), self.num_tokens, self.max_ngram, self.min_ngram)
 
     def propose(self, state: LookupState) -> DraftTree:
-        tokens = torch.cat([torch.tensor(state.context[-1:]), self.continuation(state)])
+        tokens = torch.cat([torch.tensor(state.context[-1:]), self.continuation(state)[0]])
         return DraftTree(tokens=tokens, parents=chain_parents(tokens.numel()))
 
 
@@ -210,11 +220,16 @@ class LookupState:
 
 def lookup_continuation(context: torch.Tensor, num_tokens: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
     """The up to ``num_tokens`` tokens that followed the latest earlier match of the context's last n-gram."""
+    return lookup_match(context, num_tokens, max_ngram, min_ngram)[0]
+
+
+def lookup_match(context: torch.Tensor, num_tokens: int, max_ngram: int, min_ngram: int) -> tuple[torch.Tensor, int]:
+    """``lookup_continuation`` and the n of the n-gram it matched (the longest from ``max_ngram`` down; 0: none)."""
     length = context.numel()
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         windows = context.unfold(0, n, 1)[:-1]  # (length - n, n): every n-gram except the tail itself
         hits = torch.nonzero((windows == context[-n:]).all(dim=1)).flatten()
         if hits.numel():
             start = int(hits[-1]) + n
-            return context[start : start + num_tokens]
-    return context[:0]
+            return context[start : start + num_tokens], n
+    return context[:0], 0

@@ -200,7 +200,7 @@ class SpeculativeGenerator:
                 tree = root_only_tree(req.root, self.target.device)
                 req.stats.plain_steps += self.drafter is not None
             else:
-                tree = self.drafter.propose(req.drafter_state)
+                tree = self.drafter.propose(req.drafter_state).to(device)
             if req.prompt_len + len(req.output) + tree.num_nodes > self.max_context > 0:
                 req.stats.stop_reason = "context_full"
                 break

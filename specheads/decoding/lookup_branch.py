@@ -25,6 +25,7 @@ from specheads.decoding.draft import (
     LookupState,
     PromptLookupDrafter,
     Sampling,
+    root_only_tree,
 )
 
 DEFAULT_LOOKUP_TOKENS = 5
@@ -50,11 +51,18 @@ class LookupBranchDrafter:
         max_ngram: int = 3,
         min_ngram: int = DEFAULT_LOOKUP_MIN_NGRAM,
         narrow: bool = True,
+        solo_ngram: int | None = None,
     ) -> None:
         """``narrow``: on steps where the lookup proposes, keep only the head's first-choice path (the first child
         at every level) next to it, so the combined tree stays small where verification cost grows with size
-        (on 12 held-out Spec-Bench questions, 2-core CPU: EAGLE-3 + branch 1.15x wide, 1.19x narrow)."""
-        self.inner, self.narrow = inner, narrow
+        (on 12 held-out Spec-Bench questions, 2-core CPU: EAGLE-3 + branch 1.15x wide, 1.19x narrow).
+        ``solo_ngram``: on steps where the lookup matched an n-gram at least this long, propose its chain alone and
+        skip the head (its drafting, and for EAGLE its re-feed, which waits for the next step that drafts)."""
+        if solo_ngram is not None and not min_ngram <= solo_ngram <= max_ngram:
+            raise ValueError(
+                f"solo_ngram must lie in [min_ngram, max_ngram] = [{min_ngram}, {max_ngram}], got {solo_ngram}"
+            )
+        self.inner, self.narrow, self.solo_ngram = inner, narrow, solo_ngram
         self.lookup = PromptLookupDrafter(num_tokens, max_ngram, min_ngram)
         self.layer_ids = list(inner.layer_ids)
         # The generator swaps CPU kernels into a drafter's ``model`` / ``head`` modules: expose the inner ones.
@@ -78,8 +86,10 @@ class LookupBranchDrafter:
         self.lookup.observe(state.lookup, fed_tokens, None, root)
 
     def propose(self, state: LookupBranchState) -> DraftTree:
+        chain, ngram = self.lookup.continuation(state.lookup)
+        if self.solo_ngram is not None and ngram >= self.solo_ngram:
+            return graft_chain(root_only_tree(state.lookup.context[-1], "cpu"), chain)  # the generator moves it
         tree = self.inner.propose(state.inner)
-        chain = self.lookup.continuation(state.lookup)
         if self.narrow and chain.numel():
             tree = first_choice_path(tree)
         return graft_chain(tree, chain)

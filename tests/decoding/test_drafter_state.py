@@ -7,6 +7,7 @@ from transformers import DynamicCache
 
 from specheads.decoding.draft import PromptLookupDrafter, Sampling, lookup_continuation
 from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter
@@ -40,6 +41,7 @@ def test_eagle_cache_after_a_step_equals_a_fresh_start(tiny_llama):
         rows = tuple(None if h is None else h[:, PROMPT.numel() :] for h in full)
         drafter.observe(state, fed, rows, 23)
         fresh = drafter.begin(sequence, full, 23, Sampling(), None)
+        drafter.flush(state), drafter.flush(fresh)  # observe only queues rows; propose would flush them
         _assert_same_cache(state.cache, fresh.cache)
         torch.testing.assert_close(state.logits, fresh.logits, atol=1e-4, rtol=1e-4)
         assert state.cache_len == sequence.numel()
@@ -48,6 +50,19 @@ def test_eagle_cache_after_a_step_equals_a_fresh_start(tiny_llama):
         positions = torch.arange(sequence.numel()).unsqueeze(0)
         _, reference = drafter.head(drafter.head.fuse(full), next_tokens, positions)
         torch.testing.assert_close(state.logits, reference[0, -1], atol=1e-4, rtol=1e-4)
+        # steps that skip drafting queue their rows: two observes, then one flush, give the same state
+        for flush in (drafter.flush, drafter.propose):  # propose flushes first
+            queued = drafter.begin(PROMPT, hidden, 11, Sampling(), None)
+            drafter.observe(queued, fed[:2], tuple(None if h is None else h[:, :2] for h in rows), int(fed[2]))
+            drafter.observe(queued, fed[2:], tuple(None if h is None else h[:, 2:] for h in rows), 23)
+            assert queued.cache.get_seq_length() == 0  # nothing fed yet
+            flush(queued)
+            assert queued.cache_len == sequence.numel()
+            torch.testing.assert_close(queued.logits, fresh.logits, atol=1e-4, rtol=1e-4)
+        drafter.flush(queued)  # nothing queued: a no-op
+        assert queued.cache_len == sequence.numel()
+        crop_to(queued.cache, queued.cache_len)  # drop propose's tree rows
+        _assert_same_cache(queued.cache, fresh.cache)
 
 
 @torch.inference_mode()

@@ -18,6 +18,7 @@ PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
 
 
 DRAFTERS = ["medusa", "eagle1", "eagle3", "eagle3-d2t", "draft_model", "lookup", "eagle3+lookup", "medusa+lookup"]
+DRAFTERS += ["eagle1+lookup-solo", "draft_model+lookup-solo"]
 
 
 @pytest.fixture
@@ -44,6 +45,8 @@ def tiny_drafters(target) -> dict[str, object]:
     }
     for name in ("eagle3", "medusa"):  # the head's tree plus a lookup branch (min_ngram=1: it fires on PROMPT)
         drafters[f"{name}+lookup"] = LookupBranchDrafter(drafters[name], num_tokens=3, min_ngram=1)
+    for name in ("eagle1", "draft_model"):  # 2-gram matches: the lookup chain alone, the head skips the step
+        drafters[f"{name}+lookup-solo"] = LookupBranchDrafter(drafters[name], num_tokens=3, min_ngram=1, solo_ngram=2)
     return drafters
 
 

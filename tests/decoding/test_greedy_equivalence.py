@@ -7,8 +7,8 @@ untrained or random: correctness must not depend on draft quality.
 CI budget (2 CPU cores): every prompt's greedy baseline is computed once per session and shared. Every drafter
 runs on at least 20 prompts with its default tree: prompt lookup (chain) on all 22, Medusa on a static tree,
 EAGLE-1 and EAGLE-3 on dynamic trees and a 4-layer truncated draft model (adaptive chain) on 20. The chain
-variants of Medusa and EAGLE-3, and EAGLE-3's tree with a prompt-lookup branch, run on 5 prompts spread over the
-categories.
+variants of Medusa and EAGLE-3, EAGLE-3's tree with a prompt-lookup branch and EAGLE-1's with a branch that
+proposes alone where it matches, run on 5 prompts spread over the categories.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def make_drafter(name: str, target):
         return PromptLookupDrafter(num_tokens=6)
     if name == "eagle3-dynamic+lookup":  # the defaults: a match of >= 2 tokens, up to 5 tokens grafted on
         return LookupBranchDrafter(make_drafter("eagle3-dynamic", target))
+    if name == "eagle1-dynamic+lookup-solo":  # steps with a lookup match skip the head (its re-feed waits)
+        return LookupBranchDrafter(make_drafter("eagle1-dynamic", target), solo_ngram=2)
     raise KeyError(name)
 
 
@@ -94,6 +96,8 @@ def test_drafters_twenty_prompts(smollm2, greedy_baseline, drafter_name):
     check_equivalence(smollm2, greedy_baseline, drafter_name, TWENTY)
 
 
-@pytest.mark.parametrize("drafter_name", ["medusa-chain", "eagle3-chain", "eagle3-dynamic+lookup"])
+@pytest.mark.parametrize(
+    "drafter_name", ["medusa-chain", "eagle3-chain", "eagle3-dynamic+lookup", "eagle1-dynamic+lookup-solo"]
+)
 def test_chains_few_prompts(smollm2, greedy_baseline, drafter_name):
     check_equivalence(smollm2, greedy_baseline, drafter_name, FEW)

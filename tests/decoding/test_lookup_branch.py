@@ -77,6 +77,26 @@ def test_narrow_branch_keeps_the_head_first_choice_only_when_the_lookup_proposes
     assert unmatched.num_nodes == 5 and unmatched.fixed is None  # no lookup proposal: the head's whole tree
 
 
+def test_solo_steps_propose_the_lookup_chain_alone_and_leave_the_head_idle(tiny_llama) -> None:
+    torch.manual_seed(0)
+    eagle = EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
+    drafter = LookupBranchDrafter(eagle, num_tokens=3, min_ngram=2, solo_ngram=3)
+    with torch.no_grad():
+        # "... 1 5 6" matches the 3-gram at the start: the chain 7 8 9 alone, and EAGLE's re-feed stays queued
+        state = _begin(drafter, tiny_llama, torch.tensor([1, 5, 6, 7, 8, 9, 2, 1, 5]), 6, Sampling())
+        solo = drafter.propose(state)
+        assert solo.tokens.tolist() == [6, 7, 8, 9] and solo.parents.tolist() == [-1, 0, 1, 2]
+        assert solo.fixed.tolist() == [False, True, True, True]
+        assert state.inner.cache_len == 0 and len(state.inner.pending_tokens) == 1  # the head did not run
+        # "... 2 5 6" matches only the 2-gram "5 6": the head's first choice beside the chain, as without solo
+        state = _begin(drafter, tiny_llama, torch.tensor([1, 5, 6, 7, 8, 9, 2, 5]), 6, Sampling())
+        narrow = drafter.propose(state)
+        assert narrow.tokens[narrow.fixed].tolist() == [7, 8, 9][-int(narrow.fixed.sum()) :]
+        assert (~narrow.fixed).sum() >= 2 and state.inner.cache_len == 8
+    with pytest.raises(ValueError, match=r"solo_ngram must lie in \[min_ngram, max_ngram\] = \[2, 3\], got 4"):
+        LookupBranchDrafter(eagle, min_ngram=2, solo_ngram=4)
+
+
 def _begin(drafter, target, prompt: torch.Tensor, root: int, sampling: Sampling):
     out = target(input_ids=prompt.unsqueeze(0), output_hidden_states=drafter.layer_ids or None)
     hidden = out.hidden_states if drafter.layer_ids else None

@@ -70,6 +70,8 @@ def make_drafter(name: str, target):
         name == "eagle3-dynamic+lookup"
     ):  # min_ngram=1 on a PROMPT holding every token: the branch fires almost every step
         return LookupBranchDrafter(make_drafter("eagle3-dynamic", target), num_tokens=2, min_ngram=1)
+    if name == "eagle3-dynamic+lookup-solo":  # after "2 7" (a 2-gram of PROMPT) the chain alone, else the branch
+        return LookupBranchDrafter(make_drafter("eagle3-dynamic", target), num_tokens=2, min_ngram=1, solo_ngram=2)
     raise KeyError(name)
 
 
@@ -92,7 +94,9 @@ def pooled_chisquare(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, 
 # The acceptance rules themselves are proven per tree shape in test_accept.py; here the whole loop runs for a
 # dynamic tree (EAGLE-3, siblings drawn without replacement), the same tree with a prompt-lookup branch grafted on
 # (fixed proposals after drawn siblings) and a chain (draft model).
-@pytest.mark.parametrize("name", ["eagle3-dynamic", "eagle3-dynamic+lookup", "draft-model-chain"])
+@pytest.mark.parametrize(
+    "name", ["eagle3-dynamic", "eagle3-dynamic+lookup", "eagle3-dynamic+lookup-solo", "draft-model-chain"]
+)
 def test_sampled_sequences_follow_the_target_distribution(peaked_target, name):
     probs = exact_distribution(peaked_target)
     assert len(probs) == VOCAB**NEW_TOKENS and abs(sum(probs.values()) - 1) < 1e-9
