@@ -27,7 +27,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist load tests
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist worksteal tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specheads scripts tests
