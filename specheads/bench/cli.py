@@ -63,6 +63,7 @@ class BenchSettings:
     calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
     backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
     lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
+    lookup_solo: int | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches >= N tokens
     progress: bool = True
 
 
@@ -108,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.lookup_branch,
         metavar="N",
         help="also run every head with up to N prompt-lookup tokens grafted onto its tree, as NAME+lookup (0 = off)",
+    )
+    p.add_argument(
+        "--lookup-solo",
+        type=int,
+        default=d.lookup_solo,
+        metavar="N",
+        help="with --lookup-branch: also run every head as NAME+lookup-solo, where steps whose lookup match is at "
+        "least N tokens (2 or 3) propose the lookup chain alone and the head sits out",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
@@ -197,6 +206,12 @@ def build_methods(
             branch = with_lookup_branch(spec, settings.lookup_branch)
             methods.append(
                 _specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, f"{what} + lookup", curve_used)
+            )
+        if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
+            solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
+            what_solo = f"{what} + lookup, alone on {settings.lookup_solo}-gram matches"
+            methods.append(
+                _specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, curve_used)
             )
     return methods
 
@@ -289,7 +304,10 @@ def warn_mismatches(report: dict[str, Any]) -> None:
 
 
 def bench_main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.lookup_solo is not None and args.lookup_branch < 1:
+        parser.error(f"--lookup-solo {args.lookup_solo} needs --lookup-branch N (N >= 1): it varies the branch")
     settings = BenchSettings(**{k: v for k, v in vars(args).items()})
     settings.trees = settings.trees or ["auto"]
     report, paths = run_bench(settings)

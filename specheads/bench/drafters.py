@@ -105,14 +105,17 @@ def prompt_lookup_drafter(num_tokens: int = 10) -> DrafterSpec:
     return DrafterSpec(PromptLookupDrafter(num_tokens), f"chain of up to {num_tokens} (n-gram lookup)")
 
 
-def with_lookup_branch(spec: DrafterSpec, num_tokens: int) -> DrafterSpec:
+def with_lookup_branch(spec: DrafterSpec, num_tokens: int, solo_ngram: int | None = None) -> DrafterSpec:
     """``spec``'s drafter with up to ``num_tokens`` prompt-lookup tokens grafted onto its tree; where the head
-    drafts nothing (``auto`` chose plain decoding) the lookup chain alone, with the branch's n-gram settings."""
+    drafts nothing (``auto`` chose plain decoding) the lookup chain alone, with the branch's n-gram settings.
+    ``solo_ngram``: on steps whose lookup match is at least that long, the lookup chain alone (the head sits out)."""
     if num_tokens < 1:
         raise ValueError(f"a lookup branch needs num_tokens >= 1, got {num_tokens}")
     branch = f" + lookup branch (up to {num_tokens} tokens, n-gram >= {DEFAULT_LOOKUP_MIN_NGRAM}"
     if spec.drafter is None:
         drafter = PromptLookupDrafter(num_tokens, min_ngram=DEFAULT_LOOKUP_MIN_NGRAM, max_ngram=3)
         return DrafterSpec(drafter, f"no head tree{branch})", spec.auto)
-    narrow = "; where it proposes, only the head's first-choice path beside it)"
-    return DrafterSpec(LookupBranchDrafter(spec.drafter, num_tokens), spec.tree + branch + narrow, spec.auto)
+    narrow = "; where it proposes, only the head's first-choice path beside it"
+    solo = "" if solo_ngram is None else f"; alone, without the head, on {solo_ngram}-gram or longer matches"
+    drafter = LookupBranchDrafter(spec.drafter, num_tokens, solo_ngram=solo_ngram)
+    return DrafterSpec(drafter, f"{spec.tree}{branch}{narrow}{solo})", spec.auto)

@@ -5,7 +5,8 @@
 Tree settings: a tree file or the name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D``
 (every head type: one path of D tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K
 expansion, N nodes kept). No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter;
-``--lookup-branch N`` adds up to N prompt-lookup tokens to the head's tree (``specheads.decoding.lookup_branch``).
+``--lookup-branch N`` adds up to N prompt-lookup tokens to the head's tree (``specheads.decoding.lookup_branch``);
+``--lookup-solo M`` with it proposes the lookup chain alone on steps whose match is at least M tokens.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ class GenerateArgs:
             "that repeats the prompt, not under sampling: docs/results.md)"
         },
     )
+    lookup_solo: int | None = field(
+        default=None,
+        metadata={
+            "help": "with --lookup-branch: on steps whose lookup match is at least N tokens (2 or 3), propose the "
+            "lookup chain alone and let the head sit out"
+        },
+    )
 
 
 def generate_main(argv: list[str] | None = None) -> int:
@@ -60,6 +68,8 @@ def generate_main(argv: list[str] | None = None) -> int:
             f"--lookup-branch takes a token count >= 1 and needs --head (got {args.lookup_branch}, "
             f"head {args.head}); for prompt lookup alone use --prompt-lookup"
         )
+    if args.lookup_solo is not None and not args.lookup_branch:
+        parser.error(f"--lookup-solo {args.lookup_solo} needs --lookup-branch N: it is a variant of the branch")
     from specheads.target import load_target
 
     target, tokenizer = load_target(args.target)
@@ -72,7 +82,10 @@ def generate_main(argv: list[str] | None = None) -> int:
         target = load_lora_adapter(target, args.head)  # Medusa-2: the adapted target is the one being decoded
         drafter = build_drafter(load_head(args.head, target), args.tree)
         if args.lookup_branch:
-            drafter = LookupBranchDrafter(drafter, num_tokens=args.lookup_branch)
+            try:
+                drafter = LookupBranchDrafter(drafter, num_tokens=args.lookup_branch, solo_ngram=args.lookup_solo)
+            except ValueError as error:
+                parser.error(f"--lookup-solo: {error}")
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
     if args.raw:
@@ -96,6 +109,8 @@ def describe(drafter: Any, args: GenerateArgs) -> str:
     if drafter is None:
         return "plain decoding"
     branch = f" + lookup branch of {args.lookup_branch}" if args.lookup_branch else ""
+    if args.lookup_solo is not None:
+        branch += f", alone on {args.lookup_solo}-gram matches"
     return f"{type(drafter).__name__}, tree {args.tree or 'default'}{branch}, {'T=' + str(args.temperature)}"
 
 

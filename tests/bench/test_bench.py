@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
-from specheads.bench.cli import BenchSettings, run_bench
+from specheads.bench.cli import BenchSettings, bench_main, run_bench
 from specheads.bench.methods import Method, MethodRun
 from specheads.bench.questions import Question
 from specheads.bench.report import OVERALL, aggregate, markdown_report
@@ -38,6 +39,7 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
         out=str(tmp_path / "out"),
         backoff=True,
         lookup_branch=4,
+        lookup_solo=2,
         progress=False,
     )
     report, paths = run_bench(settings, target, tokenizer)
@@ -51,6 +53,7 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
         "specheads-medusa-untrained",
         "specheads-medusa-untrained+backoff",
         "specheads-medusa-untrained+lookup",
+        "specheads-medusa-untrained+lookup-solo",
     ]
     backoff = loaded["results"]["specheads-medusa-untrained+backoff"][OVERALL]
     assert backoff["identical"] == backoff["compared"] == 2  # drafting switched off and on stays lossless
@@ -58,6 +61,9 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     branch = loaded["results"]["specheads-medusa-untrained+lookup"][OVERALL]
     assert branch["identical"] == branch["compared"] == 2
     assert "chain:2 + lookup branch (up to 4 tokens" in loaded["methods"]["specheads-medusa-untrained+lookup"]["tree"]
+    solo = loaded["results"]["specheads-medusa-untrained+lookup-solo"][OVERALL]
+    assert solo["identical"] == solo["compared"] == 2
+    assert "alone, without the head, on 2-gram" in loaded["methods"]["specheads-medusa-untrained+lookup-solo"]["tree"]
     plain = loaded["results"]["specheads-plain"][OVERALL]
     assert plain["tau"] == 1.0 and plain["identical"] == plain["compared"] == 2  # the loop alone: one token a step
     medusa = loaded["results"]["specheads-medusa-untrained"]
@@ -94,3 +100,9 @@ def test_identical_counts_speedup_and_loud_mismatches():
     assert "MISMATCHES" in markdown_report(report)
     sampled = aggregate(records, methods, {"temperature": 1.0})
     assert sampled["mismatches"] == []  # outputs are not expected to match when sampling
+
+
+def test_lookup_solo_without_a_branch_is_refused_before_loading_anything(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["--head", "runs/none", "--lookup-solo", "2"])
+    assert "--lookup-solo 2 needs --lookup-branch N (N >= 1)" in capsys.readouterr().err

@@ -31,10 +31,20 @@ def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
     )
     branch = capsys.readouterr()
     assert branch.out == plain.out and "LookupBranchDrafter" in branch.err and "lookup branch of 4" in branch.err
+    medusa_branch = ["--head", str(tmp_path / "medusa"), "--tree", "chain:2", "--lookup-branch", "4"]
+    assert generate_main([*common, *medusa_branch, "--lookup-solo", "2"]) == 0
+    solo = capsys.readouterr()
+    assert solo.out == plain.out and "lookup branch of 4, alone on 2-gram matches" in solo.err
     for bad in (["--lookup-branch", "3"], ["--head", str(tmp_path / "medusa"), "--lookup-branch", "-1"]):
         with pytest.raises(SystemExit):
             generate_main([*common, *bad])
     assert "--lookup-branch takes a token count >= 1 and needs --head" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        generate_main([*common, "--head", str(tmp_path / "medusa"), "--lookup-solo", "2"])
+    assert "--lookup-solo 2 needs --lookup-branch N" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        generate_main([*common, *medusa_branch, "--lookup-solo", "1"])
+    assert "solo_ngram must lie in [min_ngram, max_ngram] = [2, 3], got 1" in capsys.readouterr().err
 
 
 def test_build_drafter_tree_settings(tiny_llama):
