@@ -63,7 +63,8 @@ class BenchSettings:
     calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
     backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
     lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
-    lookup_solo: int | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches >= N tokens
+    lookup_solo: int | str | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches of
+    # N tokens or more; "auto": N priced by the cost model on the auto tree's calibration
     progress: bool = True
 
 
@@ -112,14 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--lookup-solo",
-        type=int,
+        type=_solo_length,
         default=d.lookup_solo,
-        metavar="N",
+        metavar="N|auto",
         help="with --lookup-branch: also run every head as NAME+lookup-solo, where steps whose lookup match is at "
-        "least N tokens (2 or 3) propose the lookup chain alone and the head sits out",
+        "least N tokens (2 or 3) propose the lookup chain alone and the head sits out; auto (needs --tree auto): "
+        "N, or never, as the cost model prices it on the calibration run",
     )
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
+
+
+def _solo_length(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an n-gram length (2 or 3) or 'auto', got {value!r}") from None
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
@@ -209,7 +220,10 @@ def build_methods(
             )
         if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
             solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
-            what_solo = f"{what} + lookup, alone on {settings.lookup_solo}-gram matches"
+            alone = (
+                "where the cost model says" if settings.lookup_solo == "auto" else f"on {settings.lookup_solo}-grams"
+            )
+            what_solo = f"{what} + lookup, alone {alone}"
             methods.append(
                 _specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, curve_used)
             )
@@ -308,6 +322,10 @@ def bench_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.lookup_solo is not None and args.lookup_branch < 1:
         parser.error(f"--lookup-solo {args.lookup_solo} needs --lookup-branch N (N >= 1): it varies the branch")
+    if args.lookup_solo == "auto" and any(tree != "auto" for tree in args.trees):
+        parser.error(
+            f"--lookup-solo auto is priced on the auto tree's calibration: it needs --tree auto, got {args.trees}"
+        )
     settings = BenchSettings(**{k: v for k, v in vars(args).items()})
     settings.trees = settings.trees or ["auto"]
     report, paths = run_bench(settings)

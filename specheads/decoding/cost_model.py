@@ -30,6 +30,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from specheads.decoding.cpu_kernels import small_batch_linear
+from specheads.decoding.draft import lookup_match
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.tree import chain_parents
 from specheads.decoding.verify import verify_tree
@@ -231,20 +232,34 @@ def choose_tree(
     return best
 
 
+@dataclass
+class CalibrationStep:
+    """One calibration step, kept to price a prompt-lookup branch afterwards (``choose_lookup_solo``)."""
+
+    position: int  # context length (prompt + committed tokens, root included) when the tree was proposed
+    ranks: list[int]  # the accepted path as ranks among each node's children, root down (empty: nothing accepted)
+    first_path: list[int]  # the tokens of the first-choice path (first child at every level), root excluded
+
+
 class RecordingDrafter:
     """Wraps any drafter and counts, per (depth, rank), how often the target's token was that guess.
 
     After each step the accepted path is walked from the root: at each reached node, every child is a trial of its
-    rank (children are in draft order, best first) and the child whose token the target committed is a hit.
+    rank (children are in draft order, best first) and the child whose token the target committed is a hit. Every
+    step is also kept per request (``steps``) with its position, so a lookup branch can be priced afterwards.
     """
 
     def __init__(self, drafter: Any) -> None:
         self.drafter, self.layer_ids = drafter, list(drafter.layer_ids)
         self.trials: list[list[int]] = []
         self.hits: list[list[int]] = []
+        self.steps: list[list[CalibrationStep]] = []  # one list per request, in ``begin`` order
         self._tree: tuple[list[int], list[int]] = ([], [])
+        self._length = 0
 
     def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> Any:
+        self.steps.append([])
+        self._length = prompt_ids.numel() + 1  # the root is committed already
         return self.drafter.begin(prompt_ids, hidden_states, root, sampling, generator)
 
     def propose(self, state: Any) -> Any:
@@ -253,19 +268,21 @@ class RecordingDrafter:
         return tree
 
     def observe(self, state: Any, fed_tokens: torch.Tensor, hidden_states: Any, root: int) -> None:
-        self.record(self._tree[0], self._tree[1], fed_tokens.view(-1).tolist()[1:] + [root])
+        tokens, parents = self._tree
+        ranks = self.record(tokens, parents, fed_tokens.view(-1).tolist()[1:] + [root])
+        self.steps[-1].append(CalibrationStep(self._length, ranks, first_path(tokens, parents)))
+        self._length += fed_tokens.numel()  # the accepted drafts and the new root
         self.drafter.observe(state, fed_tokens, hidden_states, root)
 
-    def record(self, tokens: list[int], parents: list[int], committed: list[int]) -> None:
-        """``committed``: the tokens the target committed after the root (accepted drafts, then the bonus)."""
-        children: list[list[int]] = [[] for _ in tokens]
-        for node, parent in enumerate(parents[1:], start=1):
-            children[parent].append(node)
-        node = 0
+    def record(self, tokens: list[int], parents: list[int], committed: list[int]) -> list[int]:
+        """``committed``: the tokens the target committed after the root (accepted drafts, then the bonus).
+        Returns the ranks of the accepted drafts, root down."""
+        children = _children(parents)
+        node, ranks = 0, []
         for depth, token in enumerate(committed):
             kids = children[node]
             if not kids:
-                return
+                break
             while len(self.trials) <= depth:
                 self.trials.append([])
                 self.hits.append([])
@@ -278,14 +295,114 @@ class RecordingDrafter:
                 if tokens[kid] == token and match is None:
                     match = kid
                     row_h[rank] += 1
+                    ranks.append(rank)
             if match is None:
-                return
+                break
             node = match
+        return ranks
 
     def acceptance(self) -> RankAcceptance:
         return RankAcceptance(
             [[h / t if t else 0.0 for h, t in zip(hits, trials)] for hits, trials in zip(self.hits, self.trials)]
         )
+
+
+def _children(parents: list[int]) -> list[list[int]]:
+    children: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents[1:], start=1):
+        children[parent].append(node)
+    return children
+
+
+def first_path(tokens: list[int], parents: list[int]) -> list[int]:
+    """The tokens on the path of first children from the root down (the drafter's first choice at every level)."""
+    children, node, path = _children(parents), 0, []
+    while children[node]:
+        node = children[node][0]
+        path.append(tokens[node])
+    return path
+
+
+@dataclass
+class SoloChoice:
+    """For a head's tree plus a lookup branch: the n-gram length from which the lookup chain should go alone."""
+
+    solo_ngram: int | None  # None: never alone, always the narrow branch beside the head's first-choice path
+    tokens_per_s: dict[str, float]  # expected rate of every setting considered, for the report
+    matched_steps: float  # share of calibration steps where the lookup matched at all
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{name} {rate:.1f}" for name, rate in self.tokens_per_s.items())
+        chosen = "never" if self.solo_ngram is None else f"on {self.solo_ngram}-gram or longer matches"
+        matched = f"lookup matched on {self.matched_steps:.0%} of steps"
+        return f"lookup alone {chosen} (expected tokens/s: {rates}; {matched})"
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def choose_lookup_solo(
+    sequences: Sequence[torch.Tensor],
+    steps: Sequence[Sequence[CalibrationStep]],
+    choice: TreeChoice,
+    verify_cost: Callable[[int], float],
+    draft_cost: Callable[[int], float],
+    overhead_s: float,
+    num_tokens: int,
+    min_ngram: int,
+    max_ngram: int,
+) -> SoloChoice:
+    """Price a lookup branch on the greedy calibration run: when should the lookup chain propose alone?
+
+    ``sequences[i]`` is request i's prompt and greedy output, ``steps[i]`` its recorded steps. Greedy output is the
+    target's own continuation, so at every recorded position the lookup chain's accepted length is known exactly:
+    its common prefix with what follows. Each step is then replayed under every setting, as ``LookupBranchDrafter``
+    would build its tree:
+    - no match: the head's chosen tree (accepts the longest prefix of the step's rank path that the tree holds);
+    - a match below the solo length: the head's first-choice path to the tree's depth with the chain grafted on
+      (accepts the longer of the two);
+    - a match at or above it: the chain alone, nothing drafted.
+    Expected tokens/s of a setting = committed tokens / seconds summed over all steps, with the cost model's prices.
+    """
+    chosen, depth = {tuple(c) for c in choice.choices}, choice.depth
+    head_step_s = choice.step_seconds
+    settings: dict[str, int | None] = {"branch": None, **{f"alone >= {n}": n for n in range(min_ngram, max_ngram + 1)}}
+    tokens = {name: 0.0 for name in ["no branch", *settings]}
+    seconds = dict.fromkeys(tokens, 0.0)
+    total = matched = 0
+    for sequence, request in zip(sequences, steps):
+        sequence = sequence.view(-1)
+        for step in request:
+            total += 1
+            in_tree = next(k for k in range(len(step.ranks), -1, -1) if k == 0 or tuple(step.ranks[:k]) in chosen)
+            head = (1 + in_tree, head_step_s)
+            chain, ngram = lookup_match(sequence[: step.position], num_tokens, max_ngram, min_ngram)
+            chain_list = chain.tolist()
+            matched += bool(chain_list)
+            lookup_ok = _common_prefix(chain_list, sequence[step.position : step.position + len(chain_list)].tolist())
+            first_ok = min(next((k for k, r in enumerate(step.ranks) if r), len(step.ranks)), depth)
+            shared = _common_prefix(chain_list, step.first_path[:depth])
+            nodes = 1 + depth + len(chain_list) - shared
+            branch = (1 + max(first_ok, lookup_ok), draft_cost(depth) + verify_cost(nodes) + overhead_s)
+            alone = (1 + lookup_ok, verify_cost(1 + len(chain_list)) + overhead_s)
+            for name, solo in [("no branch", -1), *settings.items()]:
+                if not chain_list or solo == -1:
+                    got = head
+                elif solo is not None and ngram >= solo:
+                    got = alone
+                else:
+                    got = branch
+                tokens[name] += got[0]
+                seconds[name] += got[1]
+    rates = {name: tokens[name] / seconds[name] if seconds[name] else 0.0 for name in tokens}
+    best = max(settings, key=lambda name: rates[name])
+    return SoloChoice(settings[best], rates, matched / max(total, 1))
 
 
 def _sync(device: torch.device) -> None:

@@ -30,6 +30,7 @@ from specheads.decoding.draft import (
 
 DEFAULT_LOOKUP_TOKENS = 5
 DEFAULT_LOOKUP_MIN_NGRAM = 2
+LOOKUP_MAX_NGRAM = 3
 """Defaults for the branch: a match of at least two tokens (a one-token match proposes a chain on almost every
 step, which a CPU pays for in verification), and at most 5 tokens (docs/results.md: on the 2-core CPU a forward
 over 4 tokens costs about one step, over 8-16 about 1.9 steps). Chosen on held-out Spec-Bench questions."""
@@ -48,7 +49,7 @@ class LookupBranchDrafter:
         self,
         inner: Any,
         num_tokens: int = DEFAULT_LOOKUP_TOKENS,
-        max_ngram: int = 3,
+        max_ngram: int = LOOKUP_MAX_NGRAM,
         min_ngram: int = DEFAULT_LOOKUP_MIN_NGRAM,
         narrow: bool = True,
         solo_ngram: int | None = None,

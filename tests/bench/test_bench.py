@@ -106,3 +106,12 @@ def test_lookup_solo_without_a_branch_is_refused_before_loading_anything(capsys)
     with pytest.raises(SystemExit):
         bench_main(["--head", "runs/none", "--lookup-solo", "2"])
     assert "--lookup-solo 2 needs --lookup-branch N (N >= 1)" in capsys.readouterr().err
+
+
+def test_bench_refuses_an_automatic_solo_length_on_a_fixed_tree_and_bad_lengths(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["--head", "runs/none", "--tree", "chain:2", "--lookup-branch", "5", "--lookup-solo", "auto"])
+    assert "priced on the auto tree's calibration: it needs --tree auto" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main(["--head", "runs/none", "--lookup-branch", "5", "--lookup-solo", "two"])
+    assert "expected an n-gram length (2 or 3) or 'auto', got 'two'" in capsys.readouterr().err

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specheads.decoding.cost_model import (
+    CalibrationStep,
     CostCurve,
     DraftCost,
     RankAcceptance,
     RecordingDrafter,
+    TreeChoice,
     best_first_paths,
+    choose_lookup_solo,
     choose_tree,
+    first_path,
 )
+from specheads.decoding.draft import DraftTree
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 # CPU-like: 64 nodes cost ~3.5x one step (shared NOTES); GPU-like: flat until far past 64.
@@ -66,12 +72,74 @@ def test_recording_drafter_counts_rank_hits():
     recorder = RecordingDrafter(type("D", (), {"layer_ids": []})())
     # root 0 with children 1 (token 10, rank 0) and 2 (token 11, rank 1); node 1 has child 3 (token 12)
     tokens, parents = [5, 10, 11, 12], [-1, 0, 0, 1]
-    recorder.record(tokens, parents, [10, 12, 99])  # accepted 10, 12, bonus 99 (no children left)
-    recorder.record(tokens, parents, [11, 7])  # rank 1 accepted at depth 1, node 2 has no children
-    recorder.record(tokens, parents, [3])  # nothing accepted
+    assert recorder.record(tokens, parents, [10, 12, 99]) == [0, 0]  # accepted 10, 12, bonus 99 (no children left)
+    assert recorder.record(tokens, parents, [11, 7]) == [1]  # rank 1 accepted at depth 1, node 2 has no children
+    assert recorder.record(tokens, parents, [3]) == []  # nothing accepted
     assert recorder.trials == [[3, 3], [1]]
     assert recorder.hits == [[1, 1], [1]]
     assert recorder.acceptance().probs == [[1 / 3, 1 / 3], [1.0]]
+
+
+class FixedTreeDrafter:
+    """Proposes the same tree every step (tokens 10, 11 under the root; 12 under 10)."""
+
+    layer_ids: list[int] = []
+
+    def begin(self, prompt_ids, hidden_states, root, sampling, generator):
+        return None
+
+    def propose(self, state):
+        return DraftTree(tokens=torch.tensor([5, 10, 11, 12]), parents=torch.tensor([-1, 0, 0, 1]))
+
+    def observe(self, state, fed_tokens, hidden_states, root):
+        pass
+
+
+def test_recording_drafter_keeps_each_steps_position_ranks_and_first_path():
+    recorder = RecordingDrafter(FixedTreeDrafter())
+    for prompt_len in (5, 3):  # two requests
+        recorder.begin(torch.zeros(1, prompt_len, dtype=torch.long), None, 7, None, None)
+        recorder.propose(None)
+        recorder.observe(None, torch.tensor([7, 10, 12]), None, 8)  # root, two accepted drafts; new root 8
+        recorder.propose(None)
+        recorder.observe(None, torch.tensor([8]), None, 4)  # nothing accepted
+    first, second = recorder.steps
+    # the prompt and the root are in the context at the first step; three tokens are committed by it
+    assert first == [CalibrationStep(6, [0, 0], [10, 12]), CalibrationStep(9, [], [10, 12])]
+    assert [step.position for step in second] == [4, 7]
+    assert first_path([5, 10, 11, 12, 13], [-1, 0, 0, 2, 1]) == [10, 13]
+
+
+REPEATED = list(range(10, 30))
+# ``auto`` chose a 2-deep chain; its step costs what the cost model priced it at.
+CHAIN2 = TreeChoice([[0], [0, 0]], expected_tau=1.5, step_seconds=CPU.at(3) + 0.002)
+
+
+def price(sequence: list[int], steps: list[CalibrationStep]):
+    return choose_lookup_solo(
+        [torch.tensor(sequence)], [steps], CHAIN2, CPU.at, DraftCost(per_depth_s=0.001), 0.0, 5, 2, 3
+    )
+
+
+def test_lookup_goes_alone_where_it_is_right_and_the_head_is_wrong():
+    sequence = REPEATED + REPEATED  # the second half repeats the first: every lookup chain there is right
+    steps = [CalibrationStep(position, [], [1, 2]) for position in range(23, 38, 6)]  # the head guesses wrong
+    choice = price(sequence, steps)
+    rates = choice.tokens_per_s
+    assert choice.solo_ngram in (2, 3) and choice.matched_steps == 1.0
+    assert rates[f"alone >= {choice.solo_ngram}"] > rates["branch"] > rates["no branch"]
+    assert "lookup alone on" in choice.describe()
+
+
+def test_lookup_stays_a_branch_where_it_matches_but_the_head_is_right():
+    # "1 2" recurs with a different continuation each time: the lookup proposes its last one, which is wrong
+    sequence = [1, 2, 50, 51, 1, 2, 60, 61, 1, 2, 70, 71, 72]
+    steps = [CalibrationStep(10, [0, 0], [70, 71])]  # after the third "1 2" the head's first choices are right
+    choice = price(sequence, steps)
+    rates = choice.tokens_per_s
+    assert choice.solo_ngram is None and choice.matched_steps == 1.0
+    assert rates["branch"] > rates["alone >= 2"]
+    assert "lookup alone never" in choice.describe()
 
 
 class WordTokenizer:
@@ -128,3 +196,29 @@ def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
     assert spec.auto is not None and spec.auto.num_nodes == 0 and spec.auto.expected_tau == 1.0
     assert spec.drafter is None
     assert "plain decoding" in spec.tree
+
+
+def test_auto_solo_length_builds_a_lossless_branch_and_needs_an_auto_tree(tiny_llama):
+    from specheads.bench.drafters import auto_drafter, fixed_drafter, with_lookup_branch
+    from specheads.decoding.generator import SpeculativeGenerator
+    from specheads.decoding.lookup_branch import LookupBranchDrafter
+    from specheads.heads import DraftModel
+
+    torch.manual_seed(0)
+    # A draft model with all of the target's layers guesses every token, so auto drafts (a random head would not)
+    head = DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).eval()
+    block = torch.randint(0, 128, (6,))
+    prompts = [block.repeat(3), torch.randint(0, 128, (12,))]  # the first prompt repeats itself: lookup matches
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), GPU, prompts, max_new_tokens=12)
+    assert spec.drafter is not None and spec.auto is not None and spec.auto.depth > 1
+    assert spec.calibration is not None and len(spec.calibration.steps) == 2
+    assert spec.calibration.sequences[0][:18].tolist() == prompts[0].tolist()
+    solo = with_lookup_branch(spec, 4, "auto")
+    assert isinstance(solo.drafter, LookupBranchDrafter)
+    # the head is always right and verifying more nodes is free here: the lookup never goes alone
+    assert solo.drafter.solo_ngram is None and "auto: lookup alone never (expected tokens/s" in solo.tree
+    plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=12)
+    drafted = SpeculativeGenerator(tiny_llama, WordTokenizer(), solo.drafter).generate(prompts[0], max_new_tokens=12)
+    assert drafted.token_ids == plain.token_ids
+    with pytest.raises(ValueError, match="use --tree auto, or give the length"):
+        with_lookup_branch(fixed_drafter(head, "chain:2"), 4, "auto")
