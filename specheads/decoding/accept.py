@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from specheads.decoding.sampling import sample_from_probs, warp_logits_to_probs
+from specheads.decoding.tree import children_lists
 
 __all__ = [
     "LOSSY_ACCEPTANCE",
@@ -106,7 +107,7 @@ def accept_speculative(
             f"draft_probs must match target_probs {tuple(target_probs.shape)}, got {tuple(draft_probs.shape)}; "
             "map a reduced draft vocabulary into the target vocabulary first (zeros elsewhere)."
         )
-    children = _children(parent_list)
+    children = children_lists(parent_list)
     token_list = tokens.tolist()
     fixed_list = [False] * len(token_list) if fixed is None else fixed.tolist()
     uniforms = torch.rand(len(token_list), generator=generator, device=target_probs.device).tolist()  # (n,)
@@ -183,14 +184,6 @@ def _check_tree(tokens: Tensor, parents: Tensor, scores: Tensor) -> list[int]:
     if n == 0 or parent_list[0] != -1 or any(not 0 <= parent < i for i, parent in enumerate(parent_list[1:], 1)):
         raise ValueError(f"parents must start with -1 (the root) and have 0 <= parents[i] < i; got {parent_list}.")
     return parent_list
-
-
-def _children(parent_list: list[int]) -> list[list[int]]:
-    """children[i] = node i's children in draft (index) order."""
-    children: list[list[int]] = [[] for _ in parent_list]
-    for node, parent in enumerate(parent_list[1:], 1):
-        children[parent].append(node)
-    return children
 
 
 def _longest_path(parent_list: list[int], node_ok: list[bool]) -> list[int]:

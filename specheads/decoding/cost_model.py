@@ -32,7 +32,8 @@ from transformers import DynamicCache, PreTrainedModel
 from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import lookup_match
 from specheads.decoding.kv_cache import crop_to
-from specheads.decoding.tree import chain_parents
+from specheads.decoding.lookup_branch import first_choice_path
+from specheads.decoding.tree import chain_parents, children_lists
 from specheads.decoding.verify import verify_tree
 
 COST_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
@@ -255,6 +256,7 @@ class RecordingDrafter:
         self.hits: list[list[int]] = []
         self.steps: list[list[CalibrationStep]] = []  # one list per request, in ``begin`` order
         self._tree: tuple[list[int], list[int]] = ([], [])
+        self._first_path: list[int] = []
         self._length = 0
 
     def begin(self, prompt_ids, hidden_states, root, sampling, generator) -> Any:
@@ -265,19 +267,20 @@ class RecordingDrafter:
     def propose(self, state: Any) -> Any:
         tree = self.drafter.propose(state)
         self._tree = (tree.tokens.tolist(), tree.parents.tolist())
+        self._first_path = first_choice_path(tree).tokens[1:].tolist()
         return tree
 
     def observe(self, state: Any, fed_tokens: torch.Tensor, hidden_states: Any, root: int) -> None:
         tokens, parents = self._tree
         ranks = self.record(tokens, parents, fed_tokens.view(-1).tolist()[1:] + [root])
-        self.steps[-1].append(CalibrationStep(self._length, ranks, first_path(tokens, parents)))
+        self.steps[-1].append(CalibrationStep(self._length, ranks, self._first_path))
         self._length += fed_tokens.numel()  # the accepted drafts and the new root
         self.drafter.observe(state, fed_tokens, hidden_states, root)
 
     def record(self, tokens: list[int], parents: list[int], committed: list[int]) -> list[int]:
         """``committed``: the tokens the target committed after the root (accepted drafts, then the bonus).
         Returns the ranks of the accepted drafts, root down."""
-        children = _children(parents)
+        children = children_lists(parents)
         node, ranks = 0, []
         for depth, token in enumerate(committed):
             kids = children[node]
@@ -305,22 +308,6 @@ class RecordingDrafter:
         return RankAcceptance(
             [[h / t if t else 0.0 for h, t in zip(hits, trials)] for hits, trials in zip(self.hits, self.trials)]
         )
-
-
-def _children(parents: list[int]) -> list[list[int]]:
-    children: list[list[int]] = [[] for _ in parents]
-    for node, parent in enumerate(parents[1:], start=1):
-        children[parent].append(node)
-    return children
-
-
-def first_path(tokens: list[int], parents: list[int]) -> list[int]:
-    """The tokens on the path of first children from the root down (the drafter's first choice at every level)."""
-    children, node, path = _children(parents), 0, []
-    while children[node]:
-        node = children[node][0]
-        path.append(tokens[node])
-    return path
 
 
 @dataclass

@@ -78,6 +78,14 @@ class StaticTree:
         return int(self.ranks.max().item()) + 1
 
 
+def children_lists(parents: list[int]) -> list[list[int]]:
+    """``children[i]``: node i's children in draft (index) order, for a tree given as its parent list."""
+    children: list[list[int]] = [[] for _ in parents]
+    for node, parent in enumerate(parents[1:], 1):
+        children[parent].append(node)
+    return children
+
+
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """``(n, n)`` bool: ``[i, j]`` is True when j is i or an ancestor of i. Vectorised by walking up the parents."""
     n = parents.shape[0]
