@@ -378,15 +378,12 @@ def choose_lookup_solo(
             nodes = 1 + depth + len(chain_list) - shared
             branch = (1 + max(first_ok, lookup_ok), draft_cost(depth) + verify_cost(nodes) + overhead_s)
             alone = (1 + lookup_ok, verify_cost(1 + len(chain_list)) + overhead_s)
-            for name, solo in [("no branch", -1), *settings.items()]:
-                if not chain_list or solo == -1:
-                    got = head
-                elif solo is not None and ngram >= solo:
-                    got = alone
-                else:
-                    got = branch
-                tokens[name] += got[0]
-                seconds[name] += got[1]
+            outcomes = {"no branch": head}
+            for name, solo in settings.items():
+                outcomes[name] = head if not chain_list else alone if solo is not None and ngram >= solo else branch
+            for name, (step_tokens, step_s) in outcomes.items():
+                tokens[name] += step_tokens
+                seconds[name] += step_s
     rates = {name: tokens[name] / seconds[name] if seconds[name] else 0.0 for name in tokens}
     best = max(settings, key=lambda name: rates[name])
     return SoloChoice(settings[best], rates, matched / max(total, 1))

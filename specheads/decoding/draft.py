@@ -218,13 +218,9 @@ class LookupState:
     context: list[int] = field(default_factory=list)  # every committed token, ending with the root
 
 
-def lookup_continuation(context: torch.Tensor, num_tokens: int, max_ngram: int, min_ngram: int) -> torch.Tensor:
-    """The up to ``num_tokens`` tokens that followed the latest earlier match of the context's last n-gram."""
-    return lookup_match(context, num_tokens, max_ngram, min_ngram)[0]
-
-
 def lookup_match(context: torch.Tensor, num_tokens: int, max_ngram: int, min_ngram: int) -> tuple[torch.Tensor, int]:
-    """``lookup_continuation`` and the n of the n-gram it matched (the longest from ``max_ngram`` down; 0: none)."""
+    """The up to ``num_tokens`` tokens that followed the latest earlier match of the context's last n-gram, and that
+    n (the longest from ``max_ngram`` down to ``min_ngram``; 0 and no tokens when nothing matched)."""
     length = context.numel()
     for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
         windows = context.unfold(0, n, 1)[:-1]  # (length - n, n): every n-gram except the tail itself

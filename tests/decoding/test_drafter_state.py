@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specheads.decoding.draft import PromptLookupDrafter, Sampling, lookup_continuation
+from specheads.decoding.draft import PromptLookupDrafter, Sampling, lookup_match
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.model_draft import DraftModelDrafter
@@ -86,8 +86,10 @@ def test_draft_model_cache_and_adaptive_length(tiny_llama):
 
 def test_prompt_lookup_finds_latest_match():
     context = torch.tensor([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3])
-    assert lookup_continuation(context, 2, max_ngram=3, min_ngram=1).tolist() == [5, 6]
-    assert lookup_continuation(torch.tensor([1, 2, 3]), 2, 3, 1).tolist() == []
+    tokens, ngram = lookup_match(context, 2, max_ngram=3, min_ngram=1)
+    assert tokens.tolist() == [5, 6] and ngram == 2  # "6 2 3" never occurred before; "2 3" did, latest at 5
+    tokens, ngram = lookup_match(torch.tensor([1, 2, 3]), 2, 3, 1)
+    assert tokens.tolist() == [] and ngram == 0
     drafter = PromptLookupDrafter(num_tokens=3)
     state = drafter.begin(torch.tensor([4, 5, 6, 7, 4]), None, 5, Sampling(), None)
     tree = drafter.propose(state)
