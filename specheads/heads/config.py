@@ -18,6 +18,10 @@ class HeadConfigError(ValueError):
     """A head config (or the target it is used with) does not match what was expected."""
 
 
+class HeadLoadError(RuntimeError):
+    """A saved head could not be loaded strictly."""
+
+
 @dataclass
 class TargetRecord:
     """The frozen target a head was built for. Loading a head onto a target with other shapes is an error."""

@@ -2,6 +2,7 @@
 
 - EAGLE-1 (Li et al. 2024, https://arxiv.org/abs/2401.15077): input = fc(concat(embedding of token t+1, target
   feature at t)) -> one decoder layer -> the next feature; the target's frozen lm_head turns features into logits.
+  ``input_norm=False`` drops that layer's input norm, as the reference implementation does.
 - EAGLE-3 (Li et al. 2025, https://arxiv.org/abs/2503.01840): the target feature is a fusion fc(3H -> H) of a low,
   a middle and a high layer; the decoder layer attends over concat(norm(embedding), norm(feature)) (2H input);
   the drafter has its own final norm and an lm_head over a reduced draft vocabulary (``d2t`` maps draft ids to
@@ -44,6 +45,11 @@ class EagleConfig(HeadConfig):
     version: int = 3
     draft_vocab_size: int | None = None
     """EAGLE-3 only: size of the reduced draft vocabulary (None = the target's full vocabulary)."""
+    input_norm: bool = True
+    """EAGLE-1 only: apply the decoder layer's input RMSNorm to fc's output. The EAGLE-1 reference, vLLM and SGLang
+    skip it (``false``, needed by ``specheads export``); heads measured in docs/results.md kept it."""
+    fc_bias: bool = True
+    """EAGLE-1 only: a bias on fc, as in the reference and SGLang; vLLM's EAGLE-1 drafter has none (``false``)."""
 
 
 def build_vocab_maps(
@@ -91,8 +97,12 @@ class EagleDrafter(DraftHead):
         self.layer = layer_cls(layer_config, 0).to(dtype)
         self.rotary = rotary_cls(config=layer_config)
         if config.version == 1:
-            self.fc = nn.Linear(2 * hidden, hidden, bias=True, dtype=dtype)
+            self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias, dtype=dtype)
+            if not config.input_norm:
+                self.layer.input_layernorm = nn.Identity()
             return
+        if not config.input_norm:
+            raise HeadConfigError("input_norm=false applies to EAGLE-1; EAGLE-3's layer normalises both its inputs")
         self.fc = nn.Linear(3 * hidden, hidden, bias=False, dtype=dtype)
         self._widen_attention_inputs(2 * hidden, dtype)
         norm_cls = type(self.layer.input_layernorm)

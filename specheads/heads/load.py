@@ -13,9 +13,10 @@ import safetensors.torch
 from transformers import PreTrainedModel
 
 from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead
-from specheads.heads.config import FORMAT_VERSION, HeadConfigError, TargetRecord
+from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleDrafter
+from specheads.heads.interop import is_eagle3_checkpoint, load_eagle3_checkpoint
 from specheads.heads.medusa import MedusaHeads
 
 HEADS: dict[str, type[DraftHead]] = {
@@ -24,10 +25,6 @@ HEADS: dict[str, type[DraftHead]] = {
     "draft_model": DraftModel,
 }
 """The literal registry of head types, keyed by the ``head_type`` written into ``config.json``."""
-
-
-class HeadLoadError(RuntimeError):
-    """A saved head could not be loaded strictly."""
 
 
 def load_head(
@@ -39,8 +36,14 @@ def load_head(
     """Load a saved head onto ``target``, strictly, in eval mode with gradients off (inference use).
 
     ``trainable=True`` keeps train mode and the gradients of a freshly built head (to continue training from it).
+    A Llama EAGLE-3 draft checkpoint as SpecForge, vLLM and SGLang use it loads too (``specheads.heads.interop``).
     """
     folder = _resolve_folder(dir_or_hub_id, revision)
+    if is_eagle3_checkpoint(_read_json(folder / CONFIG_NAME)):
+        head = load_eagle3_checkpoint(folder, target)
+        if trainable:
+            head.train().requires_grad_(True)
+        return head
     meta = read_head_config(folder)
     head_cls = HEADS[meta["head_type"]]
     config = head_cls.config_class.from_dict(meta["config"])
@@ -57,12 +60,7 @@ def load_head(
 
 def read_head_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_NAME
-    if not path.is_file():
-        raise HeadLoadError(f"{folder} has no {CONFIG_NAME}; expected a folder written by head.save_pretrained()")
-    try:
-        meta = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise HeadLoadError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from err
+    meta = _read_json(path)
     head_type = meta.get("head_type")
     if head_type not in HEADS:
         raise HeadLoadError(f"{path}: unknown head_type {head_type!r}; expected one of {sorted(HEADS)}")
@@ -75,6 +73,15 @@ def read_head_config(folder: Path) -> dict[str, Any]:
     if "config" not in meta:
         raise HeadLoadError(f"{path} has no 'config' section")
     return meta
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise HeadLoadError(f"{path.parent} has no {CONFIG_NAME}; expected a folder written by head.save_pretrained()")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise HeadLoadError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from err
 
 
 def _resolve_folder(dir_or_hub_id: str | os.PathLike, revision: str | None) -> Path:

@@ -125,3 +125,21 @@ def test_forward_on_smollm2(smollm2, version):
     assert torch.isfinite(logits).all()
     expected_ids = [30] if version == 1 else [2, 15, 27]
     assert drafter.layer_ids == expected_ids
+
+
+def test_eagle1_reference_layout_round_trips(tiny_llama, tmp_path):
+    """input_norm=False / fc_bias=False: the layer's input norm and fc's bias are gone from the module and the saved
+    file, and the head loads back strictly with the same outputs."""
+    from specheads.heads import load_head
+
+    drafter = EagleDrafter(EagleConfig(version=1, input_norm=False, fc_bias=False), tiny_llama)
+    names = set(drafter.state_dict())
+    assert "layer.input_layernorm.weight" not in names and "fc.bias" not in names and "fc.weight" in names
+    with torch.no_grad():
+        drafter.fc.weight.normal_(0, 0.1)
+    drafter.save_pretrained(tmp_path)
+    loaded = load_head(tmp_path, tiny_llama)
+    assert (loaded.config.input_norm, loaded.config.fc_bias) == (False, False)
+    ids, positions = _inputs(tiny_llama)
+    features = torch.randn(2, 7, 64)
+    torch.testing.assert_close(loaded(features, ids, positions)[1], drafter(features, ids, positions)[1])

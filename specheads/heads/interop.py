@@ -1,0 +1,332 @@
+"""Serving-engine formats: export trained heads to the checkpoints vLLM and SGLang load, and load EAGLE-3
+checkpoints written in that format (by SpecForge or the EAGLE authors) as specheads heads.
+
+- **EAGLE-3** -> the Llama EAGLE-3 draft checkpoint that SpecForge writes and both engines read (vLLM
+  ``Eagle3LlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle3``): ``config.json`` is a ``LlamaConfig`` with one
+  hidden layer, ``draft_vocab_size`` and untied embeddings; the weights are ``midlayer.*`` (the decoder layer, its
+  ``hidden_norm`` included), ``fc``, ``norm``, ``lm_head``, ``d2t`` as offsets (target id = draft id + ``d2t[id]``)
+  and ``t2d`` as a boolean mask over the target vocabulary. The embedding is left out: both engines then share the
+  target's, which is what the head was trained with.
+- **Medusa** -> vLLM's ``MedusaModel`` checkpoint: ``blocks.{k}.layers.{l}`` residual blocks and ``lm_heads.{k}``
+  (with ``original_lm_head`` and the target's matrix as ``lm_heads.0`` when the heads share it).
+- **Draft model** -> a plain transformers model folder with the tokenizer: every engine's draft-model mode and
+  transformers' ``assistant_model=`` load it.
+- **EAGLE-1** -> the EAGLE authors' layout both engines read (``LlamaForCausalLM`` config with one layer,
+  ``layers.0.*`` without an input norm, ``fc``; embedding and lm_head shared with the target). The engines' drafter
+  has no input norm on its layer (``EagleConfig(input_norm=False)``), and vLLM's has no bias on ``fc``
+  (``fc_bias=False``); a head trained otherwise is refused, since no weight mapping reproduces it.
+
+The target-feature layers are named differently by the two engines: vLLM's top-level
+``eagle_aux_hidden_state_layer_ids`` index hidden states as transformers does (``hidden_states[i]`` = the input
+of layer i), SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` name the layer whose *output* is taken
+(one less). ``export_head(..., engine=)`` writes the key its engine reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead
+from specheads.heads.config import HeadConfigError, HeadLoadError
+from specheads.heads.draft_model import DraftModel
+from specheads.heads.eagle import EagleConfig, EagleDrafter, default_eagle3_layer_ids
+from specheads.heads.medusa import MedusaHeads
+
+ENGINES = ("vllm", "sglang")
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+"""``architectures`` names of a Llama EAGLE-3 draft checkpoint; the first is what SpecForge and SGLang write."""
+
+EAGLE3_LAYER_PREFIX = "midlayer."
+"""The engines' name for the drafter's single decoder layer (``layer.`` here)."""
+
+_LLAMA_LAYER_TENSORS = frozenset(
+    f"{EAGLE3_LAYER_PREFIX}{name}.weight"
+    for name in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "post_attention_layernorm",
+        "hidden_norm",
+    )
+)
+
+
+class ExportError(ValueError):
+    """A head cannot be written in (or read from) a serving engine's format."""
+
+
+def export_head(
+    head: DraftHead,
+    target: PreTrainedModel,
+    out_dir: str | os.PathLike,
+    engine: str = "vllm",
+    dtype: torch.dtype | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> list[str]:
+    """Write ``head`` (built on ``target``) in the format ``engine`` loads; returns the files written.
+
+    ``dtype`` casts floating-point weights (None keeps the head's); ``tokenizer`` is saved beside a draft model,
+    where engines look for it."""
+    if engine not in ENGINES:
+        raise ExportError(f"engine must be one of {ENGINES}, found {engine!r}")
+    out = Path(out_dir)
+    if isinstance(head, EagleDrafter) and head.version == 1:
+        config, tensors = _eagle1_checkpoint(head, target, engine)
+    elif isinstance(head, EagleDrafter):
+        config, tensors = _eagle3_checkpoint(head, target, engine)
+    elif isinstance(head, MedusaHeads):
+        if engine != "vllm":
+            raise ExportError(
+                "specheads exports Medusa heads for vLLM only (its MedusaModel format); use --engine vllm"
+            )
+        config, tensors = _medusa_checkpoint(head)
+    elif isinstance(head, DraftModel):
+        return _export_draft_model(head, out, dtype, tokenizer)
+    else:
+        raise ExportError(f"no serving format for {type(head).__name__}")
+    tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    safetensors.torch.save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    return [CONFIG_NAME, WEIGHTS_NAME]
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    tensor = tensor.detach().cpu().contiguous()
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+
+
+def _eagle3_checkpoint(
+    head: EagleDrafter, target: PreTrainedModel, engine: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    tensors = {}
+    for name, tensor in head.state_dict().items():
+        if name.startswith("layer."):
+            tensors[EAGLE3_LAYER_PREFIX + name.removeprefix("layer.")] = tensor
+        elif name == "hidden_norm.weight":
+            tensors[EAGLE3_LAYER_PREFIX + name] = tensor
+        elif name in ("fc.weight", "norm.weight", "lm_head.weight"):
+            tensors[name] = tensor
+    _check_llama_layer(head, tensors, EAGLE3_LAYER_PREFIX, _LLAMA_LAYER_TENSORS)
+    draft_vocab = head.draft_vocab_size
+    tensors["d2t"] = head.d2t - torch.arange(draft_vocab, device=head.d2t.device)  # offsets, as the engines read them
+    tensors["t2d"] = head.t2d >= 0
+    return _eagle3_config(head, target, engine), tensors
+
+
+def _eagle1_checkpoint(
+    head: EagleDrafter, target: PreTrainedModel, engine: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    if head.config.input_norm:
+        raise ExportError(
+            "this EAGLE-1 head normalises fc's output before its decoder layer (input_norm=true); the engines' "
+            "EAGLE-1 drafter, like the reference, does not, so no weight mapping reproduces it. Train with "
+            "head.options.input_norm=false (and fc_bias=false for vLLM) to export EAGLE-1, or use an EAGLE-3 head."
+        )
+    if engine == "vllm" and head.config.fc_bias:
+        raise ExportError(
+            "vLLM's EAGLE-1 drafter has no bias on fc and would drop this head's; train with "
+            "head.options.fc_bias=false, or export with --engine sglang"
+        )
+    tensors = {
+        name.replace("layer.", "layers.0.", 1): t for name, t in head.state_dict().items() if name.startswith("layer.")
+    }
+    expected = {
+        name.replace(EAGLE3_LAYER_PREFIX, "layers.0.")
+        for name in _LLAMA_LAYER_TENSORS
+        if not name.endswith(("hidden_norm.weight", "input_layernorm.weight"))
+    }
+    _check_llama_layer(head, tensors, "layers.0.", expected)
+    tensors["fc.weight"] = head.fc.weight
+    if head.fc.bias is not None:
+        tensors["fc.bias"] = head.fc.bias
+    elif engine == "sglang":  # SGLang's fc always has a bias
+        tensors["fc.bias"] = head.fc.weight.new_zeros(head.fc.out_features)
+    config = _llama_draft_config(head, target, ["LlamaForCausalLM"])
+    config["specheads"] = {"head_type": "eagle", "version": 1, "layer_ids": list(head.layer_ids)}
+    return config, tensors
+
+
+def _check_llama_layer(head: EagleDrafter, tensors: dict[str, Any], prefix: str, expected: frozenset | set) -> None:
+    """The engines' drafters are Llama layers: a target layer with other tensors (biases, q/k norms) cannot map."""
+    found = {name for name in tensors if name.startswith(prefix)}
+    if found != expected:
+        raise ExportError(
+            f"the drafter's decoder layer ({type(head.layer).__name__}) is not a plain Llama layer, which is what the "
+            f"engines' EAGLE drafters are: extra tensors {sorted(found - expected)}, missing {sorted(expected - found)}"
+        )
+
+
+def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> dict[str, Any]:
+    config = _llama_draft_config(head, target, [EAGLE3_ARCHITECTURES[0]])
+    config["draft_vocab_size"] = head.draft_vocab_size
+    layer_ids = list(head.layer_ids)
+    if engine == "vllm":
+        config["eagle_aux_hidden_state_layer_ids"] = layer_ids
+    else:
+        if min(layer_ids) < 1:
+            raise ExportError(f"SGLang takes features from layer outputs; layer_ids {layer_ids} include the embedding")
+        config["eagle_config"] = {
+            "use_aux_hidden_state": True,
+            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
+        }
+    config["specheads"] = {"head_type": "eagle", "version": 3, "layer_ids": layer_ids}
+    return config
+
+
+def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectures: list[str]) -> dict[str, Any]:
+    """A one-layer ``LlamaConfig`` (as a dict) with the target's shapes, rotary and norm settings."""
+    text = target.config.get_text_config()
+    record = head.config.target
+    config = LlamaConfig(
+        vocab_size=record.vocab_size,
+        hidden_size=record.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_hidden_layers=1,
+        num_attention_heads=text.num_attention_heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", text.num_attention_heads),
+        head_dim=getattr(text, "head_dim", None),
+        hidden_act=text.hidden_act,
+        max_position_embeddings=text.max_position_embeddings,
+        rms_norm_eps=text.rms_norm_eps,
+        rope_parameters=getattr(text, "rope_parameters", None),
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=False,  # SGLang would otherwise use the embedding as the (draft-vocabulary) lm_head
+        bos_token_id=text.bos_token_id,
+        eos_token_id=text.eos_token_id,
+        pad_token_id=text.pad_token_id,
+    ).to_dict()
+    config["architectures"] = architectures
+    config["dtype"] = str(next(head.parameters()).dtype).removeprefix("torch.")
+    config["base_model_name_or_path"] = record.name_or_path
+    return config
+
+
+def _medusa_checkpoint(head: MedusaHeads) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    record = head.config.target
+    tensors = {}
+    for k, blocks in enumerate(head.blocks):
+        for layer, block in enumerate(blocks):
+            tensors[f"blocks.{k}.layers.{layer}.weight"] = block.linear.weight
+            tensors[f"blocks.{k}.layers.{layer}.bias"] = block.linear.bias
+    shared = head.lm_heads is None
+    if shared:
+        tensors["lm_heads.0.weight"] = head.borrowed.lm_head.weight  # vLLM loads the shared matrix from here
+    else:
+        for k, lm_head in enumerate(head.lm_heads):
+            tensors[f"lm_heads.{k}.weight"] = lm_head.weight
+    config = {
+        "architectures": ["MedusaModel"],
+        "model_type": "medusa",
+        "hidden_size": record.hidden_size,
+        "vocab_size": record.vocab_size,
+        "truncated_vocab_size": record.vocab_size,
+        "num_heads": head.num_heads,
+        "num_hidden_layers": head.config.num_layers,
+        "medusa_fc_bias": True,
+        "original_lm_head": shared,
+        "specheads": {"head_type": "medusa", "layer_ids": list(head.layer_ids), "target": record.name_or_path},
+    }
+    return config, tensors
+
+
+def _export_draft_model(
+    head: DraftModel, out: Path, dtype: torch.dtype | None, tokenizer: PreTrainedTokenizerBase | None
+) -> list[str]:
+    model = head.model if dtype is None else head.model.to(dtype)
+    model.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return sorted(p.name for p in out.iterdir())
+
+
+def is_eagle3_checkpoint(meta: dict[str, Any]) -> bool:
+    """Whether a ``config.json`` describes a Llama EAGLE-3 draft checkpoint (SpecForge / vLLM / SGLang layout)."""
+    return any(arch in EAGLE3_ARCHITECTURES for arch in meta.get("architectures") or ())
+
+
+def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -> EagleDrafter:
+    """An ``EagleDrafter`` (v3, eval, frozen) from a Llama EAGLE-3 draft checkpoint folder, strictly: every tensor
+    must map onto the drafter and every drafter tensor must be present (the embedding, when shipped, must equal the
+    target's, since this drafter reads the target's)."""
+    folder = Path(folder)
+    meta = json.loads((folder / CONFIG_NAME).read_text())
+    weights = folder / WEIGHTS_NAME
+    if not weights.is_file():
+        pickles = sorted(p.name for p in folder.glob("*.bin"))
+        hint = f"; found {pickles}, which specheads does not unpickle: convert them to safetensors" if pickles else ""
+        raise HeadLoadError(f"{folder} has no {WEIGHTS_NAME}{hint}")
+    tensors = safetensors.torch.load_file(str(weights))
+    config = EagleConfig(version=3, layer_ids=_eagle3_layer_ids(meta, target))
+    config.draft_vocab_size = int(meta.get("draft_vocab_size") or meta["vocab_size"])
+    _check_eagle3_shapes(meta, target, folder)
+    offsets = tensors.pop("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+    head = EagleDrafter(config, target, d2t=offsets.long() + torch.arange(offsets.numel()))
+    tensors.pop("t2d", None)  # rebuilt from d2t
+    embedding = tensors.pop("embed_tokens.weight", None)
+    own = head.borrowed.embed_tokens.weight.detach()
+    if embedding is not None and not torch.equal(embedding.to(own), own):
+        raise HeadLoadError(
+            f"{weights} ships an embedding that differs from the target's; this drafter reads the target's embedding, "
+            "so it would not reproduce the checkpoint. Load it onto the target it was trained for."
+        )
+    state = {_specheads_name(name): tensor for name, tensor in tensors.items()}
+    state["d2t"], state["t2d"] = head.d2t, head.t2d
+    expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
+    found = {name: tuple(t.shape) for name, t in state.items()}
+    if expected != found:
+        raise HeadLoadError(
+            f"{weights} does not map onto an EAGLE-3 drafter for this target: "
+            f"missing {sorted(set(expected) - set(found))}, unexpected {sorted(set(found) - set(expected))}, "
+            f"shapes differing {sorted(n for n in set(found) & set(expected) if found[n] != expected[n])}"
+        )
+    head.load_state_dict(state, strict=True)
+    head.to(target.device).eval().requires_grad_(False)
+    return head
+
+
+def _specheads_name(name: str) -> str:
+    if not name.startswith(EAGLE3_LAYER_PREFIX):
+        return name
+    rest = name.removeprefix(EAGLE3_LAYER_PREFIX)
+    return rest if rest.startswith("hidden_norm.") else "layer." + rest
+
+
+def _eagle3_layer_ids(meta: dict[str, Any], target: PreTrainedModel) -> list[int]:
+    """vLLM's top-level ids are hidden-state indices; SGLang's ``eagle_config`` ids are layer outputs (+1)."""
+    if meta.get("eagle_aux_hidden_state_layer_ids"):
+        return [int(i) for i in meta["eagle_aux_hidden_state_layer_ids"]]
+    sglang_ids = (meta.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if sglang_ids:
+        return [int(i) + 1 for i in sglang_ids]
+    return default_eagle3_layer_ids(target.config.get_text_config().num_hidden_layers)
+
+
+def _check_eagle3_shapes(meta: dict[str, Any], target: PreTrainedModel, folder: Path) -> None:
+    text = target.config.get_text_config()
+    if meta.get("num_hidden_layers", 1) != 1:
+        raise HeadLoadError(f"{folder}: {meta['num_hidden_layers']} drafter layers; specheads' EAGLE-3 drafter has one")
+    wanted = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
+    wanted["intermediate_size"] = text.intermediate_size  # the drafter layer is built from the target's config
+    wrong = [
+        f"{key}: checkpoint {meta.get(key)}, target {value}" for key, value in wanted.items() if meta.get(key) != value
+    ]
+    target_hidden = meta.get("target_hidden_size")
+    if target_hidden not in (None, text.hidden_size):
+        wrong.append(f"target_hidden_size: checkpoint {target_hidden}, target {text.hidden_size}")
+    if wrong:
+        raise HeadConfigError(f"{folder} was not trained for this target: " + "; ".join(wrong))

@@ -1,0 +1,315 @@
+"""Serving-engine export (vLLM / SGLang formats) and loading EAGLE-3 checkpoints in that format.
+
+The engines themselves need a GPU build and cannot run here. What is checked instead, with transformers' own
+classes: the exported config parses as a ``LlamaConfig``; a forward rebuilt from the exported files alone, in the
+structure the engines' drafters use (vLLM ``llama_eagle3.py`` / ``medusa.py``, SGLang ``llama_eagle3.py``), gives the
+head's logits; and an exported EAGLE-3 checkpoint loads back as the same head.
+"""
+
+import json
+
+import pytest
+import safetensors.torch
+import torch
+from tiny_models import make_tiny_llama
+from torch import nn
+from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from specheads.heads import (
+    DraftModel,
+    EagleConfig,
+    EagleDrafter,
+    MedusaConfig,
+    MedusaHeads,
+    build_vocab_maps,
+    load_head,
+)
+from specheads.heads.config import HeadConfigError, HeadLoadError
+from specheads.heads.interop import ExportError, export_head
+
+
+def _randomise(module: nn.Module, seed: int = 1) -> None:
+    """Give every trainable weight a random value: zero-initialised blocks would hide a wrong mapping."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.ndim == 1 else 0.0))
+
+
+def _eagle3_head(target, draft_vocab=32, layer_ids=None):
+    d2t, _ = build_vocab_maps(
+        torch.randint(0, 60, (800,), generator=torch.Generator().manual_seed(0)), 128, draft_vocab
+    )
+    config = EagleConfig(version=3, draft_vocab_size=draft_vocab, layer_ids=layer_ids or [])
+    head = EagleDrafter(config, target, d2t=d2t).eval()
+    _randomise(head)
+    return head
+
+
+def _head_logits(head, target, ids):
+    """The head's logits over the whole target vocabulary (-inf outside the draft vocabulary): (1, T, V)."""
+    features = head.fuse(target(ids, output_hidden_states=True).hidden_states)
+    positions = torch.arange(ids.shape[1])[None]
+    _, logits = head(features, ids, positions)
+    full = torch.full((*logits.shape[:-1], 128), float("-inf"))
+    full[..., head.d2t] = logits
+    return full
+
+
+def _engine_eagle3_logits(folder, target, ids):
+    """The drafter as vLLM / SGLang build it, from the exported folder and the target alone: a Llama decoder layer
+    whose q/k/v read concat(input_layernorm(embedding), hidden_norm(fc(low, mid, high))), the final norm, the
+    draft lm_head, and d2t offsets back to target ids."""
+    config = LlamaConfig.from_pretrained(folder)
+    tensors = safetensors.torch.load_file(str(folder / "model.safetensors"))
+    layer = LlamaDecoderLayer(config, 0)
+    hidden = config.hidden_size
+    for name in ("q_proj", "k_proj", "v_proj"):
+        old = getattr(layer.self_attn, name)
+        setattr(layer.self_attn, name, nn.Linear(2 * hidden, old.out_features, bias=False))
+    layer_state = {
+        k.removeprefix("midlayer."): v
+        for k, v in tensors.items()
+        if k.startswith("midlayer.") and "hidden_norm" not in k
+    }
+    layer.load_state_dict(layer_state, strict=True)
+    hidden_norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+    hidden_norm.load_state_dict({"weight": tensors["midlayer.hidden_norm.weight"]})
+    norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+    norm.load_state_dict({"weight": tensors["norm.weight"]})
+    layer_ids = config.eagle_aux_hidden_state_layer_ids  # vLLM: hidden-state indices
+    states = target(ids, output_hidden_states=True).hidden_states
+    fused = torch.cat([states[i] for i in layer_ids], dim=-1) @ tensors["fc.weight"].T
+    embeds = target.get_input_embeddings()(ids)
+    attn_in = torch.cat([layer.input_layernorm(embeds), hidden_norm(fused)], dim=-1)
+    positions = torch.arange(ids.shape[1])[None]
+    rotary = LlamaRotaryEmbedding(config)(fused, positions)
+    length = ids.shape[1]
+    causal = torch.full((length, length), float("-inf")).triu(1)[None, None]
+    attn_out, _ = layer.self_attn(hidden_states=attn_in, position_embeddings=rotary, attention_mask=causal)
+    x = fused + attn_out
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    draft_logits = norm(x) @ tensors["lm_head.weight"].T
+    targets = torch.arange(config.draft_vocab_size) + tensors["d2t"]
+    full = torch.full((*draft_logits.shape[:-1], config.vocab_size), float("-inf"))
+    full[..., targets] = draft_logits
+    return full, config, tensors
+
+
+def test_eagle3_export_is_what_the_engines_compute(tmp_path):
+    target = make_tiny_llama(num_layers=6)
+    head = _eagle3_head(target)
+    export_head(head, target, tmp_path, engine="vllm")
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
+    engine_logits, config, tensors = _engine_eagle3_logits(tmp_path, target, ids)
+    torch.testing.assert_close(engine_logits, _head_logits(head, target, ids), atol=1e-5, rtol=1e-5)
+    assert config.architectures == ["LlamaForCausalLMEagle3"]
+    assert (config.num_hidden_layers, config.draft_vocab_size, config.tie_word_embeddings) == (1, 32, False)
+    assert config.eagle_aux_hidden_state_layer_ids == head.layer_ids == [2, 3, 3]
+    assert tensors["t2d"].dtype == torch.bool and int(tensors["t2d"].sum()) == 32
+    assert not any("embed_tokens" in name for name in tensors), "the engines share the target's embedding"
+
+
+def test_sglang_export_names_layer_outputs_and_loads_back(tmp_path):
+    target = make_tiny_llama(num_layers=8)
+    head = _eagle3_head(target, layer_ids=[1, 4, 7])
+    export_head(head, target, tmp_path, engine="sglang")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "eagle_aux_hidden_state_layer_ids" not in config
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]  # output of layer i - 1
+    loaded = load_head(tmp_path, target)
+    assert loaded.layer_ids == [1, 4, 7]
+
+
+def test_exported_eagle3_loads_back_as_the_same_head(tmp_path):
+    target = make_tiny_llama(num_layers=6)
+    head = _eagle3_head(target)
+    export_head(head, target, tmp_path, dtype=torch.float32)
+    loaded = load_head(tmp_path, target)
+    assert isinstance(loaded, EagleDrafter) and loaded.version == 3 and not loaded.training
+    assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(_head_logits(loaded, target, ids), _head_logits(head, target, ids))
+
+
+def test_bf16_export_casts_weights_but_not_the_vocabulary_maps(tmp_path):
+    target = make_tiny_llama(num_layers=6)
+    export_head(_eagle3_head(target), target, tmp_path, dtype=torch.bfloat16)
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert tensors["fc.weight"].dtype == torch.bfloat16
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+
+
+def test_eagle3_checkpoint_errors(tmp_path):
+    target = make_tiny_llama(num_layers=6)
+    head = _eagle3_head(target)
+    export_head(head, target, tmp_path)
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    # an embedding equal to the target's is accepted (SpecForge ships one), a different one is not
+    tensors["embed_tokens.weight"] = target.get_input_embeddings().weight.clone()
+    safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
+    load_head(tmp_path, target)
+    tensors["embed_tokens.weight"] = tensors["embed_tokens.weight"] + 1
+    safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(HeadLoadError, match="embedding that differs"):
+        load_head(tmp_path, target)
+    del tensors["embed_tokens.weight"]
+    tensors["midlayer.self_attn.q_norm.weight"] = torch.ones(16)
+    safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(HeadLoadError, match="unexpected.*q_norm"):
+        load_head(tmp_path, target)
+    with pytest.raises(HeadConfigError, match="hidden_size: checkpoint 64, target 96"):
+        load_head(tmp_path, _wider_llama())
+    (tmp_path / "model.safetensors").unlink()
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
+    with pytest.raises(HeadLoadError, match="does not unpickle"):
+        load_head(tmp_path, target)
+
+
+def _wider_llama():
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=96,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def test_unknown_engine_is_an_error(tmp_path):
+    target = make_tiny_llama(num_layers=6)
+    with pytest.raises(ExportError, match="engine must be one of"):
+        export_head(_eagle3_head(target), target, tmp_path, engine="tgi")
+
+
+@pytest.mark.parametrize("share_lm_head", [False, True])
+def test_medusa_export_is_what_vllm_computes(tmp_path, share_lm_head):
+    target = make_tiny_llama()
+    head = MedusaHeads(MedusaConfig(num_heads=3, num_layers=2, share_lm_head=share_lm_head), target).eval()
+    _randomise(head)
+    export_head(head, target, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert config["architectures"] == ["MedusaModel"] and config["original_lm_head"] is share_lm_head
+    assert (config["num_heads"], config["num_hidden_layers"], config["medusa_fc_bias"]) == (3, 2, True)
+    hidden = torch.randn(2, 5, 64)
+    expected = head(hidden)  # (K, B, T, V)
+    for k in range(3):
+        x = hidden  # vLLM's ResidualBlock: x = x + SiLU(W x + b), num_hidden_layers times, then lm_heads[k]
+        for layer in range(2):
+            x = x + nn.functional.silu(
+                x @ tensors[f"blocks.{k}.layers.{layer}.weight"].T + tensors[f"blocks.{k}.layers.{layer}.bias"]
+            )
+        lm_head = tensors["lm_heads.0.weight" if share_lm_head else f"lm_heads.{k}.weight"]
+        torch.testing.assert_close(x @ lm_head.T, expected[k], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ExportError, match="vLLM only"):
+        export_head(head, target, tmp_path / "sglang", engine="sglang")
+
+
+def test_draft_model_exports_as_a_plain_transformers_model(tmp_path):
+    target = make_tiny_llama(num_layers=4)
+    head = DraftModel.from_target(target, num_layers=2).eval()
+    export_head(head, target, tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 128, (1, 6))
+    torch.testing.assert_close(reloaded(ids).logits, head(ids).logits)
+    assert reloaded.config.num_hidden_layers == 2
+
+
+def _eagle1_head(target, fc_bias):
+    head = EagleDrafter(EagleConfig(version=1, input_norm=False, fc_bias=fc_bias), target).eval()
+    _randomise(head)
+    return head
+
+
+@pytest.mark.parametrize(("engine", "fc_bias"), [("vllm", False), ("sglang", True), ("sglang", False)])
+def test_eagle1_export_is_what_the_engines_compute(tmp_path, engine, fc_bias):
+    """The engines' EAGLE-1 drafter: fc(concat(embedding, feature)) -> a Llama layer without its input norm -> the
+    target's lm_head."""
+    target = make_tiny_llama()
+    head = _eagle1_head(target, fc_bias)
+    export_head(head, target, tmp_path, engine=engine)
+    config = LlamaConfig.from_pretrained(tmp_path)
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert config.architectures == ["LlamaForCausalLM"] and config.num_hidden_layers == 1
+    assert ("fc.bias" in tensors) == (engine == "sglang")  # SGLang's fc always has one (zeros when trained without)
+    layer = LlamaDecoderLayer(config, 0)
+    layer.input_layernorm = nn.Identity()
+    layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in tensors.items() if k.startswith("layers.0.")})
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(5))
+    features = target(ids, output_hidden_states=True).hidden_states[-1]
+    x = torch.cat([target.get_input_embeddings()(ids), features], dim=-1) @ tensors["fc.weight"].T
+    x = x + tensors.get("fc.bias", 0.0)
+    positions = torch.arange(8)[None]
+    causal = torch.full((8, 8), float("-inf")).triu(1)[None, None]
+    attn_out, _ = layer.self_attn(
+        x, position_embeddings=LlamaRotaryEmbedding(config)(x, positions), attention_mask=causal
+    )
+    x = x + attn_out
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    _, expected = head(head.fuse(target(ids, output_hidden_states=True).hidden_states), ids, positions)
+    torch.testing.assert_close(target.lm_head(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_eagle1_heads_the_engines_cannot_reproduce_are_refused(tmp_path):
+    target = make_tiny_llama()
+    with pytest.raises(ExportError, match="input_norm=true"):
+        export_head(EagleDrafter(EagleConfig(version=1), target), target, tmp_path)
+    with pytest.raises(ExportError, match="no bias on fc"):
+        export_head(_eagle1_head(target, fc_bias=True), target, tmp_path, engine="vllm")
+    with pytest.raises(HeadConfigError, match="input_norm=false applies to EAGLE-1"):
+        EagleDrafter(EagleConfig(version=3, input_norm=False), target)
+
+
+def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
+    """``specheads export`` end to end on the real target: the exported EAGLE-3 head loads back with the same
+    logits, the serve command names the target's Hub id, and a format an engine lacks is a one-line error."""
+    from specheads.cli import main
+
+    target, _ = smollm2
+    corpus = torch.randint(0, 49152, (20_000,), generator=torch.Generator().manual_seed(0))
+    d2t, _ = build_vocab_maps(corpus, 49152, 1024)
+    head = EagleDrafter(EagleConfig(version=3, draft_vocab_size=1024), target, d2t=d2t).eval()
+    _randomise(head)
+    head.save_pretrained(tmp_path / "head")
+    assert main(["export", str(tmp_path / "head"), str(tmp_path / "vllm"), "--dtype", "float32"]) == 0
+    printed = capsys.readouterr().out
+    assert "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in printed and '"method": "eagle3"' in printed
+    assert (tmp_path / "vllm" / "README.md").read_text() in printed
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and config["num_attention_heads"] == 9
+    loaded = load_head(tmp_path / "vllm", target)
+    ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(1))
+    features = target(ids, output_hidden_states=True).hidden_states
+    positions = torch.arange(12)[None]
+    torch.testing.assert_close(
+        loaded(loaded.fuse(features), ids, positions)[1], head(head.fuse(features), ids, positions)[1]
+    )
+    MedusaHeads(MedusaConfig(num_heads=2, share_lm_head=True), target).save_pretrained(tmp_path / "medusa")
+    assert main(["export", str(tmp_path / "medusa"), str(tmp_path / "out"), "--engine", "sglang"]) == 2
+    assert "vLLM only" in capsys.readouterr().err
+
+
+def test_a_drafter_layer_that_is_not_llama_is_refused(tmp_path):
+    """Qwen2's attention has q/k/v biases, which the engines' Llama drafter layer lacks."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    target = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
+        export_head(EagleDrafter(EagleConfig(version=3), target), target, tmp_path / "eagle3")
+    with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
+        export_head(
+            EagleDrafter(EagleConfig(version=1, input_norm=False), target), target, tmp_path / "eagle1", "sglang"
+        )
+    assert not (tmp_path / "eagle3").exists(), "nothing is written for a refused head"
