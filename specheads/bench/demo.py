@@ -44,6 +44,7 @@ GENERATE_COMMAND = (
     f"specheads generate --target {TARGET} --head {HEAD_DIR.relative_to(REPO)} --prompt 'Write a haiku' "
     "[--lookup-branch 5]"
 )
+EXPORT_COMMAND = f"specheads export {HEAD_DIR.relative_to(REPO)} runs/demo-eagle3-vllm [--engine sglang]"
 
 BENCH = BenchSettings(
     target=TARGET,
@@ -92,6 +93,8 @@ def demo_main() -> int:
     print(f"\nFull report: {paths['markdown']} (plots and JSON next to it)")
     print(f"Demo finished in {(time.perf_counter() - start) / 60:.1f} minutes. Generate with the head:\n")
     print(f"  {GENERATE_COMMAND}")
+    print("\nServe it with vLLM or SGLang on a GPU (writes their EAGLE-3 format, prints the serve command):\n")
+    print(f"  {EXPORT_COMMAND}")
     return 1 if report["mismatches"] else 0
 
 

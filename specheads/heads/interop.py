@@ -136,6 +136,7 @@ def _eagle1_checkpoint(
             "EAGLE-1 drafter, like the reference, does not, so no weight mapping reproduces it. Train with "
             "head.options.input_norm=false (and fc_bias=false for vLLM) to export EAGLE-1, or use an EAGLE-3 head."
         )
+    _check_reads_last_hidden_state(head)
     if engine == "vllm" and head.config.fc_bias:
         raise ExportError(
             "vLLM's EAGLE-1 drafter has no bias on fc and would drop this head's; train with "
@@ -216,7 +217,18 @@ def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectur
     return config
 
 
+def _check_reads_last_hidden_state(head: DraftHead) -> None:
+    """vLLM and SGLang feed Medusa and EAGLE-1 drafters the target's final (post-norm) hidden state only."""
+    last = head.config.target.num_hidden_layers
+    if list(head.config.layer_ids) != [last]:
+        raise ExportError(
+            f"the engines feed this drafter the target's last hidden state (layer_ids [{last}]); this head reads "
+            f"{list(head.config.layer_ids)}"
+        )
+
+
 def _medusa_checkpoint(head: MedusaHeads) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    _check_reads_last_hidden_state(head)
     record = head.config.target
     tensors = {}
     for k, blocks in enumerate(head.blocks):

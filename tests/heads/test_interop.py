@@ -313,3 +313,13 @@ def test_a_drafter_layer_that_is_not_llama_is_refused(tmp_path):
             EagleDrafter(EagleConfig(version=1, input_norm=False), target), target, tmp_path / "eagle1", "sglang"
         )
     assert not (tmp_path / "eagle3").exists(), "nothing is written for a refused head"
+
+
+def test_heads_fed_another_hidden_state_than_the_last_are_refused(tmp_path):
+    target = make_tiny_llama()
+    medusa = MedusaHeads(MedusaConfig(num_heads=2, layer_ids=[1]), target)
+    with pytest.raises(ExportError, match=r"last hidden state \(layer_ids \[2\]\); this head reads \[1\]"):
+        export_head(medusa, target, tmp_path)
+    eagle1 = EagleDrafter(EagleConfig(version=1, input_norm=False, layer_ids=[1]), target)
+    with pytest.raises(ExportError, match="last hidden state"):
+        export_head(eagle1, target, tmp_path, engine="sglang")
