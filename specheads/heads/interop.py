@@ -35,6 +35,7 @@ import torch
 from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead
+from specheads.heads.card import base_model_id
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleConfig, EagleDrafter, default_eagle3_layer_ids
@@ -98,6 +99,7 @@ def export_head(
     else:
         raise ExportError(f"no serving format for {type(head).__name__}")
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
+    config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     safetensors.torch.save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -212,8 +214,7 @@ def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectur
         pad_token_id=text.pad_token_id,
     ).to_dict()
     config["architectures"] = architectures
-    config["dtype"] = str(next(head.parameters()).dtype).removeprefix("torch.")
-    config["base_model_name_or_path"] = record.name_or_path
+    config["base_model_name_or_path"] = base_model_id(record.name_or_path) or record.name_or_path
     return config
 
 

@@ -137,6 +137,7 @@ def test_bf16_export_casts_weights_but_not_the_vocabulary_maps(tmp_path):
     target = make_tiny_llama(num_layers=6)
     export_head(_eagle3_head(target), target, tmp_path, dtype=torch.bfloat16)
     tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
     assert tensors["fc.weight"].dtype == torch.bfloat16
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
 
@@ -281,6 +282,7 @@ def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
     assert (tmp_path / "vllm" / "README.md").read_text() in printed
     config = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and config["num_attention_heads"] == 9
+    assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     loaded = load_head(tmp_path / "vllm", target)
     ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(1))
     features = target(ids, output_hidden_states=True).hidden_states
