@@ -252,7 +252,8 @@ def _medusa_checkpoint(head: MedusaHeads) -> tuple[dict[str, Any], dict[str, tor
         "num_hidden_layers": head.config.num_layers,
         "medusa_fc_bias": True,
         "original_lm_head": shared,
-        "specheads": {"head_type": "medusa", "layer_ids": list(head.layer_ids), "target": record.name_or_path},
+        "base_model_name_or_path": base_model_id(record.name_or_path) or record.name_or_path,
+        "specheads": {"head_type": "medusa", "layer_ids": list(head.layer_ids)},
     }
     return config, tensors
 
