@@ -39,12 +39,13 @@ def load_head(
     A Llama EAGLE-3 draft checkpoint as SpecForge, vLLM and SGLang use it loads too (``specheads.heads.interop``).
     """
     folder = _resolve_folder(dir_or_hub_id, revision)
-    if is_eagle3_checkpoint(_read_json(folder / CONFIG_NAME)):
+    raw = _read_json(folder / CONFIG_NAME)
+    if is_eagle3_checkpoint(raw):
         head = load_eagle3_checkpoint(folder, target)
         if trainable:
             head.train().requires_grad_(True)
         return head
-    meta = read_head_config(folder)
+    meta = _checked_head_config(raw, folder / CONFIG_NAME)
     head_cls = HEADS[meta["head_type"]]
     config = head_cls.config_class.from_dict(meta["config"])
     _check_target(config.target, TargetRecord.from_model(target))
@@ -60,7 +61,10 @@ def load_head(
 
 def read_head_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_NAME
-    meta = _read_json(path)
+    return _checked_head_config(_read_json(path), path)
+
+
+def _checked_head_config(meta: dict[str, Any], path: Path) -> dict[str, Any]:
     head_type = meta.get("head_type")
     if head_type not in HEADS:
         raise HeadLoadError(f"{path}: unknown head_type {head_type!r}; expected one of {sorted(HEADS)}")
