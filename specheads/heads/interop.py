@@ -24,6 +24,7 @@ of layer i), SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` name the
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -261,7 +262,7 @@ def _medusa_checkpoint(head: MedusaHeads) -> tuple[dict[str, Any], dict[str, tor
 def _export_draft_model(
     head: DraftModel, out: Path, dtype: torch.dtype | None, tokenizer: PreTrainedTokenizerBase | None
 ) -> list[str]:
-    model = head.model if dtype is None else head.model.to(dtype)
+    model = head.model if dtype is None else copy.deepcopy(head.model).to(dtype)  # the caller's head stays as it is
     model.save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)

@@ -161,17 +161,18 @@ def test_eagle3_checkpoint_errors(tmp_path):
     with pytest.raises(HeadLoadError, match="unexpected.*q_norm"):
         load_head(tmp_path, target)
     with pytest.raises(HeadConfigError, match="hidden_size: checkpoint 64, target 96"):
-        load_head(tmp_path, _wider_llama())
+        load_head(tmp_path, _tiny_target(hidden_size=96))
     (tmp_path / "model.safetensors").unlink()
     (tmp_path / "pytorch_model.bin").write_bytes(b"not unpickled")
     with pytest.raises(HeadLoadError, match="does not unpickle"):
         load_head(tmp_path, target)
 
 
-def _wider_llama():
-    config = LlamaConfig(
+def _tiny_target(config_cls=LlamaConfig, hidden_size=64):
+    """A random 6-layer target of another architecture or width than ``make_tiny_llama``'s."""
+    config = config_cls(
         vocab_size=128,
-        hidden_size=96,
+        hidden_size=hidden_size,
         intermediate_size=128,
         num_hidden_layers=6,
         num_attention_heads=4,
@@ -218,6 +219,9 @@ def test_draft_model_exports_as_a_plain_transformers_model(tmp_path):
     ids = torch.randint(0, 128, (1, 6))
     torch.testing.assert_close(reloaded(ids).logits, head(ids).logits)
     assert reloaded.config.num_hidden_layers == 2
+    export_head(head, target, tmp_path / "bf16", dtype=torch.bfloat16)
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "bf16").dtype == torch.bfloat16
+    assert next(head.parameters()).dtype == torch.float32, "exporting in bf16 must not cast the caller's head"
 
 
 def _eagle1_head(target, fc_bias):
@@ -299,15 +303,7 @@ def test_a_drafter_layer_that_is_not_llama_is_refused(tmp_path):
     """Qwen2's attention has q/k/v biases, which the engines' Llama drafter layer lacks."""
     from transformers import Qwen2Config
 
-    config = Qwen2Config(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    target = AutoModelForCausalLM.from_config(config).eval()
+    target = _tiny_target(Qwen2Config)
     with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
         export_head(EagleDrafter(EagleConfig(version=3), target), target, tmp_path / "eagle3")
     with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
