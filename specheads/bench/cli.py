@@ -16,13 +16,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.bench.drafters import (
-    DrafterSpec,
-    auto_drafter,
-    fixed_drafter,
-    prompt_lookup_drafter,
-    with_lookup_branch,
-)
 from specheads.bench.methods import Method, hf_method, specheads_method
 from specheads.bench.questions import (
     find_default_questions,
@@ -33,6 +26,15 @@ from specheads.bench.questions import (
 from specheads.bench.report import OVERALL, aggregate, write_report
 from specheads.bench.runner import run_benchmark
 from specheads.decoding.cost_model import CostCurve, load_or_measure_cost_curve
+from specheads.decoding.drafters import (
+    DrafterSpec,
+    auto_drafter,
+    auto_tree_cache_path,
+    fixed_drafter,
+    prompt_lookup_drafter,
+    remember_tree,
+    with_lookup_branch,
+)
 
 BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "specheads-plain")
 """Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads.
@@ -155,8 +157,10 @@ def build_methods(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     calibration: list[torch.Tensor],
+    calibration_source: str = "the benchmark's calibration prompts",
 ) -> list[Method]:
-    """Baseline first, then transformers' methods, specheads prompt lookup and one method per head."""
+    """Baseline first, then transformers' methods, specheads prompt lookup and one method per head. Every ``auto``
+    tree chosen is also cached for ``specheads generate --tree auto`` on this device (``auto_tree_cache_path``)."""
     from specheads.heads import LORA_DIR, DraftModel, load_head
 
     methods = [hf_method("generate", target, description="transformers generate (baseline)")]
@@ -199,6 +203,9 @@ def build_methods(
                 relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
                 print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
             spec = auto_drafter(head, target, tokenizer, curve, calibration)
+            assert spec.auto is not None
+            cached_as = auto_tree_cache_path(cache_root(), head_dir, target)
+            remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}")
         else:
             spec = fixed_drafter(head, tree)
         name = f"specheads-{Path(head_dir).name}"
@@ -282,7 +289,7 @@ def run_bench(
     calibration, calibration_source = calibration_prompts(
         tokenizer, settings.calibration_prompts, device, [q.prompt for q in held_out]
     )
-    methods = build_methods(settings, target, tokenizer, calibration)
+    methods = build_methods(settings, target, tokenizer, calibration, calibration_source)
     records = run_benchmark(
         methods, prompts, settings.max_new_tokens, settings.temperature, settings.seed, progress=settings.progress
     )

@@ -41,7 +41,7 @@ TRAIN_OVERRIDES = [
 120 steps); ``configs/eagle3/smollm2-135m.yaml`` is the full recipe."""
 
 GENERATE_COMMAND = (
-    f"specheads generate --target {TARGET} --head {HEAD_DIR.relative_to(REPO)} --prompt 'Write a haiku' "
+    f"specheads generate --target {TARGET} --head {HEAD_DIR.relative_to(REPO)} --tree auto --prompt 'Write a haiku' "
     "[--lookup-branch 5]"
 )
 EXPORT_COMMAND = f"specheads export {HEAD_DIR.relative_to(REPO)} runs/demo-eagle3-vllm [--engine sglang]"
@@ -91,7 +91,8 @@ def demo_main() -> int:
     print_summary(report)
     warn_mismatches(report)
     print(f"\nFull report: {paths['markdown']} (plots and JSON next to it)")
-    print(f"Demo finished in {(time.perf_counter() - start) / 60:.1f} minutes. Generate with the head:\n")
+    minutes = (time.perf_counter() - start) / 60
+    print(f"Demo finished in {minutes:.1f} minutes. Generate with the head (--tree auto: the tree just chosen):\n")
     print(f"  {GENERATE_COMMAND}")
     print("\nServe it with vLLM or SGLang on a GPU (writes their EAGLE-3 format, prints the serve command):\n")
     print(f"  {EXPORT_COMMAND}")

@@ -1,10 +1,12 @@
 """``specheads generate``: stream a speculative (or plain) generation to the terminal, then print its stats.
 
-    specheads generate --target smollm2-135m-instruct --head DIR --prompt "..." [--tree small10|FILE|chain|dynamic]
+    specheads generate --target smollm2-135m-instruct --head DIR --prompt "..." [--tree auto|small10|FILE|chain|dynamic]
 
-Tree settings: a tree file or the name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D``
-(every head type: one path of D tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K
-expansion, N nodes kept). No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter;
+Tree settings: ``auto`` (every head type: the tree the cost model expects to be fastest on this device for this
+head, calibrated once on built-in prompts and cached, ``decoding.drafters.auto_tree_drafter``); a tree file or the
+name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D`` (every head type: one path of D
+tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes kept).
+No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter;
 ``--lookup-branch N`` adds up to N prompt-lookup tokens to the head's tree (``specheads.decoding.lookup_branch``);
 ``--lookup-solo M`` with it proposes the lookup chain alone on steps whose match is at least M tokens.
 """
@@ -19,9 +21,8 @@ import torch
 from transformers import HfArgumentParser
 
 from specheads.decoding.draft import PromptLookupDrafter
-from specheads.decoding.factory import build_drafter
+from specheads.decoding.drafters import DrafterSpec, auto_tree_drafter, fixed_drafter, with_lookup_branch
 from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
-from specheads.decoding.lookup_branch import LookupBranchDrafter
 
 
 @dataclass
@@ -32,7 +33,15 @@ class GenerateArgs:
     target: str = field(default="smollm2-135m-instruct", metadata={"help": "target name, model dir or .gguf"})
     head: str | None = field(default=None, metadata={"help": "saved head folder (none = plain decoding)"})
     prompt_lookup: bool = field(default=False, metadata={"help": "draft with n-gram prompt lookup (no head)"})
-    tree: str | None = field(default=None, metadata={"help": "tree file/name, chain[:D] or dynamic[:D,K,N]"})
+    tree: str | None = field(
+        default=None,
+        metadata={
+            "help": "auto (sized for this device by the cost model; calibrated once, then cached), a tree file/name "
+            "(Medusa), chain[:D] or dynamic[:D,K,N] (EAGLE); default: each head type's own (EAGLE: dynamic, sized "
+            "for a GPU)"
+        },
+    )
+    recalibrate: bool = field(default=False, metadata={"help": "with --tree auto: calibrate again, ignore the cache"})
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_k: int | None = None
@@ -70,22 +79,37 @@ def generate_main(argv: list[str] | None = None) -> int:
         )
     if args.lookup_solo is not None and not args.lookup_branch:
         parser.error(f"--lookup-solo {args.lookup_solo} needs --lookup-branch N: it is a variant of the branch")
-    from specheads.target import load_target
+    if (args.tree is not None or args.recalibrate) and not args.head:
+        parser.error(f"--tree {args.tree} and --recalibrate need --head: they set how a head drafts")
+    if args.recalibrate and args.tree != "auto":
+        parser.error(f"--recalibrate re-measures the auto tree: it needs --tree auto, got --tree {args.tree}")
+    from specheads.target import cache_root, load_target
 
     target, tokenizer = load_target(args.target)
-    drafter = None
+    spec = DrafterSpec(None, "")
     if args.prompt_lookup:
-        drafter = PromptLookupDrafter()
+        spec = DrafterSpec(PromptLookupDrafter(), "default")
     elif args.head:
         from specheads.heads import load_head, load_lora_adapter
 
         target = load_lora_adapter(target, args.head)  # Medusa-2: the adapted target is the one being decoded
-        drafter = build_drafter(load_head(args.head, target), args.tree)
+        head = load_head(args.head, target)
+        if args.tree == "auto":
+            spec = auto_tree_drafter(head, args.head, target, tokenizer, cache_root(), args.recalibrate, log=_stderr)
+        else:
+            spec = fixed_drafter(head, args.tree)
+            if args.tree is None and head.head_type == "eagle" and target.device.type == "cpu":
+                _stderr(
+                    "note: the default EAGLE tree (60 nodes) is sized for a GPU; on a CPU, verifying it costs ~3x a "
+                    "plain step here, so it may be slower than plain decoding. --tree auto sizes it for this machine"
+                )
+        spec.tree = f"{spec.tree}{_branch_text(args)}"
         if args.lookup_branch:
             try:
-                drafter = LookupBranchDrafter(drafter, num_tokens=args.lookup_branch, solo_ngram=args.lookup_solo)
+                spec.drafter = with_lookup_branch(spec, args.lookup_branch, args.lookup_solo).drafter
             except ValueError as error:
                 parser.error(f"--lookup-solo: {error}")
+    drafter = spec.drafter
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
     if args.raw:
@@ -101,17 +125,27 @@ def generate_main(argv: list[str] | None = None) -> int:
         stream=lambda piece: print(piece, end="", flush=True),
     )
     print()
-    print(f"[{describe(drafter, args)}] {result.stats.summary()}", file=sys.stderr)
+    print(f"[{describe(spec, args)}] {result.stats.summary()}", file=sys.stderr)
     return 0
 
 
-def describe(drafter: Any, args: GenerateArgs) -> str:
-    if drafter is None:
-        return "plain decoding"
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)  # stdout carries only the generated text
+
+
+def _branch_text(args: GenerateArgs) -> str:
     branch = f" + lookup branch of {args.lookup_branch}" if args.lookup_branch else ""
     if args.lookup_solo is not None:
         branch += f", alone on {args.lookup_solo}-gram matches"
-    return f"{type(drafter).__name__}, tree {args.tree or 'default'}{branch}, {'T=' + str(args.temperature)}"
+    return branch
+
+
+def describe(spec: DrafterSpec, args: GenerateArgs) -> str:
+    """What decoded, for the stats line: the drafter, its tree (``auto``: the one chosen) and the temperature."""
+    if spec.drafter is None and not spec.tree:
+        return "plain decoding"
+    name = type(spec.drafter).__name__ if spec.drafter is not None else "no drafter (plain decoding)"
+    return f"{name}, tree {spec.tree}, T={args.temperature}"
 
 
 if __name__ == "__main__":

@@ -183,8 +183,9 @@ class TreeChoice:
         return self.expected_tau / self.step_seconds
 
     def describe(self) -> str:
+        nodes = f"{self.num_nodes} node{'' if self.num_nodes == 1 else 's'}"
         return (
-            f"{self.num_nodes} nodes, depth {self.depth}, top-{self.top_k}: expected tau {self.expected_tau:.2f}, "
+            f"{nodes}, depth {self.depth}, top-{self.top_k}: expected tau {self.expected_tau:.2f}, "
             f"{self.expected_tokens_per_s:.1f} tokens/s"
         )
 

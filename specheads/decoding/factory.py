@@ -7,16 +7,18 @@ expansion, N nodes kept). None picks each head type's default.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
-from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
+from specheads.decoding.tree import TREE_FILE_KEY, DynamicTreeConfig, StaticTree, chain_tree, load_tree, static_tree
 
 TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
-DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying 64 nodes costs ~3.5x one decode step
+DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying 64 nodes costs ~3.5x one decode step; cut to
+# the head count when a head set has fewer heads than its depth
 DEFAULT_DRAFT_LENGTH = 4
 
 
@@ -38,12 +40,20 @@ def build_drafter(head: Any, tree: str | None) -> Any:
         depth, top_k, total = (int(x) for x in tree.removeprefix("dynamic:").split(","))
         return EagleTreeDrafter(head, DynamicTreeConfig(depth, top_k, total))
     if kind == "medusa":
-        return MedusaDrafter(head, load_tree(_tree_file(tree or DEFAULT_MEDUSA_TREE)))
+        if tree is None:
+            return MedusaDrafter(head, default_medusa_tree(head.num_heads))
+        return MedusaDrafter(head, load_tree(_tree_file(tree)))
     if kind == "draft_model":
         if tree is not None:
             raise ValueError(f"a draft model drafts an adaptive chain: use --tree chain:D or no --tree; got {tree!r}")
         return DraftModelDrafter(head, DEFAULT_DRAFT_LENGTH)
     raise ValueError(f"unknown head type {kind!r}")
+
+
+def default_medusa_tree(num_heads: int) -> StaticTree:
+    """The default tree cut to the paths a head set with ``num_heads`` heads can draft (it is 4 deep)."""
+    choices = json.loads(_tree_file(DEFAULT_MEDUSA_TREE).read_text())[TREE_FILE_KEY]
+    return static_tree([c for c in choices if len(c) <= num_heads])
 
 
 def _default_depth(head: Any) -> int:

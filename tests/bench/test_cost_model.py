@@ -164,7 +164,7 @@ def test_cost_curve_is_measured_once_and_cached(tiny_llama, tmp_path):
 def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
     import torch
 
-    from specheads.bench.drafters import auto_drafter
+    from specheads.decoding.drafters import auto_drafter
     from specheads.decoding.generator import SpeculativeGenerator
     from specheads.heads import MedusaConfig, MedusaHeads
 
@@ -183,8 +183,8 @@ def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
     """A device where verifying a second token costs 50x the first: the auto tree is the root alone, no drafter."""
     import torch
 
-    from specheads.bench.drafters import auto_drafter
     from specheads.decoding.cost_model import CostCurve
+    from specheads.decoding.drafters import auto_drafter
     from specheads.heads import MedusaConfig, MedusaHeads
 
     torch.manual_seed(0)
@@ -197,7 +197,7 @@ def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
 
 
 def test_auto_solo_length_builds_a_lossless_branch_and_needs_an_auto_tree(tiny_llama):
-    from specheads.bench.drafters import auto_drafter, fixed_drafter, with_lookup_branch
+    from specheads.decoding.drafters import auto_drafter, fixed_drafter, with_lookup_branch
     from specheads.decoding.generator import SpeculativeGenerator
     from specheads.decoding.lookup_branch import LookupBranchDrafter
     from specheads.heads import DraftModel
@@ -223,3 +223,77 @@ def test_auto_solo_length_builds_a_lossless_branch_and_needs_an_auto_tree(tiny_l
     assert drafted.token_ids == plain.token_ids
     with pytest.raises(ValueError, match="use --tree auto, or give the length"):
         with_lookup_branch(fixed_drafter(head, "chain:2"), 4, "auto")
+
+
+class CharTokenizer(WordTokenizer):
+    """Encodes text as one id per character (mod the tiny vocabulary), so built-in prompts reach the tiny target."""
+
+    def __call__(self, text: str, return_tensors: str | None = None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(input_ids=torch.tensor([[ord(c) % 128 for c in text]]))
+
+
+def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_weights(tiny_llama, tmp_path):
+    """``generate --tree auto``: calibrate on the built-in prompts, reuse the cached choice (whichever the measured
+    costs made it), recalibrate on request or when the entry is damaged, a new entry when the head's weights change."""
+    from specheads.decoding.drafters import BUILTIN_CALIBRATION_PROMPTS, auto_tree_cache_path, auto_tree_drafter
+    from specheads.heads import DraftModel, load_head
+
+    head_dir, cache = tmp_path / "draft", tmp_path / "cache"
+    DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).save_pretrained(head_dir)
+    head = load_head(head_dir, tiny_llama).eval()
+    lines: list[str] = []
+    first = auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
+    assert any(f"calibrating the head on {len(BUILTIN_CALIBRATION_PROMPTS)} built-in prompts" in x for x in lines)
+    path = auto_tree_cache_path(cache, head_dir, tiny_llama)
+    assert path.is_file() and first.auto is not None and first.tree.startswith("auto:")
+
+    lines.clear()
+    again = auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
+    assert lines == [] and again.auto == first.auto  # read back, nothing measured
+    assert again.tree.startswith(f"auto, cached from {len(BUILTIN_CALIBRATION_PROMPTS)} built-in prompts:")
+    assert (again.drafter is None) == (first.drafter is None) == (first.auto.num_nodes == 0)
+
+    auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, recalibrate=True, log=lines.append)
+    assert any("calibrating" in x for x in lines)
+
+    path.write_text("{not json")  # a damaged cache entry is measured again, not an error
+    lines.clear()
+    auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
+    assert any("calibrating" in x for x in lines) and isinstance(cached_choice(path), list)  # rewritten whole
+
+    (head_dir / "checkpoints" / "step-1").mkdir(parents=True)  # training checkpoints are not part of the head
+    (head_dir / "checkpoints" / "step-1" / "model.safetensors").write_bytes(b"other weights")
+    assert auto_tree_cache_path(cache, head_dir, tiny_llama) == path
+
+    retrained = DraftModel.from_target(tiny_llama, 1)
+    retrained.save_pretrained(head_dir)
+    assert auto_tree_cache_path(cache, head_dir, tiny_llama) != path  # new weights, new cache entry
+
+
+def cached_choice(path):
+    import json
+
+    return json.loads(path.read_text())["choice"]["choices"]
+
+
+def test_bench_auto_tree_is_cached_for_generate(tiny_llama, tmp_path, monkeypatch):
+    """The benchmark's auto choice (calibrated on its held-out questions) is what ``generate --tree auto`` reuses."""
+    from specheads.bench.cli import BenchSettings, build_methods
+    from specheads.decoding.drafters import auto_tree_cache_path, auto_tree_drafter
+    from specheads.heads import MedusaConfig, MedusaHeads, load_head
+
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
+    head_dir = tmp_path / "medusa"
+    MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), tiny_llama).save_pretrained(head_dir)
+    settings = BenchSettings(heads=[str(head_dir)], trees=["auto"], methods=[])
+    prompts = [torch.randint(0, 128, (12,))]
+    methods = build_methods(settings, tiny_llama, WordTokenizer(), prompts, "2 held-out questions")
+    path = auto_tree_cache_path(tmp_path / "cache", head_dir, tiny_llama)
+    assert path.is_file() and [m.name for m in methods] == ["generate", "specheads-medusa"]
+    lines: list[str] = []
+    head = load_head(head_dir, tiny_llama)
+    spec = auto_tree_drafter(head, head_dir, tiny_llama, WordTokenizer(), tmp_path / "cache", log=lines.append)
+    assert lines == [] and spec.tree.startswith("auto, cached from specheads bench on 2 held-out questions:")
+    assert spec.auto is not None and spec.auto.choices == cached_choice(path)

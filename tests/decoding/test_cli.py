@@ -47,11 +47,49 @@ def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
     assert "solo_ngram must lie in [min_ngram, max_ngram] = [2, 3], got 1" in capsys.readouterr().err
 
 
+def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_path, capsys, monkeypatch):
+    from specheads.decoding import drafters
+    from specheads.target import cache_root
+
+    model, _ = smollm2
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "targets").symlink_to(cache_root() / "targets")  # the converted SmolLM2, not the cost curve or trees
+    monkeypatch.setenv("SPECHEADS_CACHE", str(cache))
+    # fewer and shorter calibration runs than the built-in six (the tiny-model test covers those)
+    monkeypatch.setattr(drafters, "BUILTIN_CALIBRATION_PROMPTS", drafters.BUILTIN_CALIBRATION_PROMPTS[:2])
+    monkeypatch.setattr(drafters, "CALIBRATION_TOKENS", 8)
+    MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), model).save_pretrained(tmp_path / "medusa")
+    common = ["--prompt", "Name a colour.", "--max-new-tokens", "6", "--head", str(tmp_path / "medusa")]
+    assert generate_main([*common, "--tree", "auto"]) == 0
+    first = capsys.readouterr()
+    assert "auto tree: calibrating the head on 2 built-in prompts (8 tokens each)" in first.err
+    assert "tree auto: " in first.err and len(list((cache / "auto_trees").glob("*.json"))) == 1
+    assert len(list((cache / "cost_model").glob("*.json"))) == 1  # the verify-cost curve, measured once
+    assert generate_main([*common, "--tree", "auto", "--lookup-branch", "4"]) == 0
+    second = capsys.readouterr()
+    assert "calibrating" not in second.err and "tree auto, cached from 2 built-in prompts" in second.err
+    assert second.out == first.out and "lookup branch of 4" in second.err  # greedy: the target's own text
+    assert generate_main(common) == 0
+    assert capsys.readouterr().out == first.out
+    for bad, message in [
+        (["--tree", "chain:2"], "--tree chain:2 and --recalibrate need --head"),
+        ([*common, "--recalibrate"], "--recalibrate re-measures the auto tree: it needs --tree auto"),
+    ]:
+        with pytest.raises(SystemExit):
+            generate_main(["--prompt", "Hi", *bad])
+        assert message in capsys.readouterr().err
+
+
 def test_build_drafter_tree_settings(tiny_llama):
     medusa = MedusaHeads(MedusaConfig(num_heads=4), tiny_llama)
     assert isinstance(build_drafter(medusa, None), MedusaDrafter)
     assert build_drafter(medusa, "medusa60").tree.num_nodes == 61
     assert build_drafter(medusa, "chain").tree.num_nodes == 5
+    three = MedusaHeads(MedusaConfig(num_heads=3), tiny_llama)  # the default recipe's head count
+    assert build_drafter(three, None).tree.max_depth == 3 and build_drafter(three, None).tree.num_nodes == 10
+    with pytest.raises(ValueError, match="the tree is 4 deep but the Medusa head set has only 3 heads"):
+        build_drafter(three, "small10")  # a tree asked for by name is not cut: the error says what to do
     eagle = EagleDrafter(EagleConfig(version=1), tiny_llama)
     assert build_drafter(eagle, None).tree.total_tokens == 60
     assert build_drafter(eagle, "dynamic:4,3,10").tree.top_k == 3

@@ -1,13 +1,25 @@
-"""From a saved head and a tree setting to a drafter the speculative generator can use.
+"""From a saved head and a tree setting to a drafter the speculative generator can use, and how its tree was chosen.
 
-Tree settings (``--tree``): ``auto``, where the cost model picks size and depth for this device from a short
-calibration (``decoding.cost_model``), or any setting ``specheads generate --tree`` takes (``chain:D``,
-``dynamic:D,K,N`` for EAGLE, a tree file or name under ``configs/trees/`` for Medusa), built by the same function.
+Tree settings (``--tree``): ``auto``, where the cost model (``cost_model``) picks size and depth for this device and
+this head, or any fixed setting (``chain:D``, ``dynamic:D,K,N`` for EAGLE, a tree file or name under
+``configs/trees/`` for Medusa), built by ``factory.build_drafter``.
+
+``auto_drafter`` runs a short greedy calibration with a wide drafter, records which (depth, rank) guesses the target
+accepts and what drafting costs, and lets ``choose_tree`` pick the tree with the most expected tokens per second on
+the measured verify-cost curve. ``auto_tree_drafter`` is what ``specheads generate --tree auto`` uses: the same
+choice, calibrated on a few built-in prompts and cached per (head weights, target, device, dtype), so only the first
+call pays for the calibration. ``specheads bench --tree auto`` calibrates on held-out benchmark questions and stores
+its choice in the same cache, so generating after a benchmark reuses what the benchmark measured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +33,8 @@ from specheads.decoding.cost_model import (
     TreeChoice,
     choose_lookup_solo,
     choose_tree,
+    device_label,
+    load_or_measure_cost_curve,
 )
 from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
@@ -30,6 +44,20 @@ from specheads.decoding.lookup_branch import DEFAULT_LOOKUP_MIN_NGRAM, LOOKUP_MA
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 
+AUTO_TREE_VERSION = 1  # bump when what a cached choice means changes
+CALIBRATION_TOKENS = 32
+BUILTIN_CALIBRATION_PROMPTS = (
+    # One short request per kind of task a chat model gets (as Spec-Bench's categories), written for this purpose:
+    # not from any training or benchmark set, so they do not flatter a head trained on one.
+    "Write a short blog post about a weekend spent learning to bake bread, with a few practical tips.",
+    "Why does the moon show phases? Explain it to a curious twelve-year-old.",
+    "A shop sells pens at 3 for $2. How much do 18 pens cost? Show your reasoning step by step.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+    "Translate into French: 'The train to the coast leaves at nine, so we should have breakfast early.'",
+    "Summarize in two sentences: The city council voted on Tuesday to extend the bike lane network by 40 km over "
+    "the next three years. Supporters said it would cut traffic and improve safety; opponents worried about lost "
+    "parking spaces and the cost, estimated at 12 million dollars.",
+)
 CALIBRATION_WIDTH = 4  # guesses per depth tried during calibration (ranks beyond are assumed never accepted)
 CALIBRATION_EAGLE_DEPTH = 6
 CALIBRATION_CHAIN_DEPTH = 8
@@ -56,9 +84,9 @@ class DrafterSpec:
     calibration: Calibration | None = None
 
 
-def fixed_drafter(head: Any, tree: str) -> DrafterSpec:
-    """A drafter for ``head`` with a fixed (not ``auto``) tree setting, as ``specheads generate --tree`` builds it."""
-    return DrafterSpec(build_drafter(head, tree), tree)
+def fixed_drafter(head: Any, tree: str | None) -> DrafterSpec:
+    """A drafter for ``head`` with a fixed (not ``auto``) tree setting; None = the head type's default tree."""
+    return DrafterSpec(build_drafter(head, tree), tree or "default")
 
 
 def calibration_drafter(head: Any) -> tuple[Any, int]:
@@ -81,7 +109,7 @@ def auto_drafter(
     tokenizer: PreTrainedTokenizerBase,
     curve: CostCurve,
     prompts: list[torch.Tensor],
-    max_new_tokens: int = 32,
+    max_new_tokens: int = CALIBRATION_TOKENS,
 ) -> DrafterSpec:
     """Calibrate the head's per-(depth, rank) acceptance on ``prompts`` (greedy), then let the cost model choose."""
     wide, depth = calibration_drafter(head)
@@ -104,10 +132,10 @@ def auto_drafter(
     choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead, max_nodes)
     note = "" if choice.num_nodes else " (drafting does not pay here: plain decoding, the head is not used)"
     calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead)
-    return DrafterSpec(_drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice, calibration)
+    return DrafterSpec(drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice, calibration)
 
 
-def _drafter_for_choice(head: Any, choice: TreeChoice) -> Any:
+def drafter_for_choice(head: Any, choice: TreeChoice) -> Any:
     """The drafter for a chosen tree; None (plain decoding) when the cost model found that no guess pays."""
     choices = choice.choices
     if not choices:
@@ -160,3 +188,78 @@ def with_lookup_branch(spec: DrafterSpec, num_tokens: int, solo_ngram: int | str
         raise ValueError(f"solo_ngram must be None, an n-gram length or 'auto', got {solo_ngram!r}")
     drafter = LookupBranchDrafter(spec.drafter, num_tokens, max_ngram=LOOKUP_MAX_NGRAM, solo_ngram=solo_ngram)
     return DrafterSpec(drafter, f"{spec.tree}{branch}{narrow}{solo})", spec.auto, spec.calibration)
+
+
+def head_fingerprint(head_dir: str | os.PathLike) -> str:
+    """A digest of a saved head's config and weights (and its LoRA adapter's): a retrained head gets a new tree.
+    Training checkpoints under the folder are not part of the head and are left out."""
+    from specheads.heads import LORA_DIR
+
+    digest = hashlib.sha256()
+    root = Path(head_dir)
+    files = [*root.glob("*"), *(root / LORA_DIR).glob("*")]
+    for path in sorted(p for p in files if p.is_file() and p.suffix in (".json", ".safetensors")):
+        digest.update(str(path.relative_to(root)).encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def auto_tree_cache_path(cache_dir: str | os.PathLike, head_dir: str | os.PathLike, target: PreTrainedModel) -> Path:
+    """Where the ``auto`` tree for this head on this target, device and dtype is cached."""
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    key = f"{head_fingerprint(head_dir)}__{device_label(target.device)}__{target.config.name_or_path}__{dtype}"
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{key}__v{AUTO_TREE_VERSION}")
+    return Path(cache_dir) / "auto_trees" / f"{name}.json"
+
+
+def remember_tree(path: Path, choice: TreeChoice, calibrated_on: str) -> None:
+    """Cache a chosen tree; written to a temporary name and renamed, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"choice": asdict(choice), "calibrated_on": calibrated_on, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(record, indent=2))
+    os.replace(partial, path)
+
+
+def cached_tree(path: Path) -> tuple[TreeChoice, str] | None:
+    """A cached choice and what it was calibrated on, or None when there is none (or it cannot be read)."""
+    try:
+        record = json.loads(path.read_text())
+        return TreeChoice(**record["choice"]), str(record.get("calibrated_on", "?"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def auto_tree_drafter(
+    head: Any,
+    head_dir: str | os.PathLike,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    cache_dir: str | os.PathLike,
+    recalibrate: bool = False,
+    log: Any = print,
+) -> DrafterSpec:
+    """The ``auto`` tree for a saved head: cached, or calibrated on ``BUILTIN_CALIBRATION_PROMPTS`` and cached.
+
+    ``log`` receives one line per stage (the cost curve and the calibration take a while on first use)."""
+    path = auto_tree_cache_path(cache_dir, head_dir, target)
+    cached = None if recalibrate else cached_tree(path)
+    if cached is not None:
+        choice, source = cached
+        note = "" if choice.num_nodes else ", plain decoding"
+        return DrafterSpec(
+            drafter_for_choice(head, choice), f"auto, cached from {source}: {choice.describe()}{note}", choice
+        )
+    log(f"auto tree: timing the target on {device_label(target.device)} (cached after the first run)")
+    curve = load_or_measure_cost_curve(target, Path(cache_dir))
+    encode = SpeculativeGenerator(target, tokenizer).encode
+    prompts = [encode(text).view(-1) for text in BUILTIN_CALIBRATION_PROMPTS]
+    log(f"auto tree: calibrating the head on {len(prompts)} built-in prompts ({CALIBRATION_TOKENS} tokens each)")
+    spec = auto_drafter(head, target, tokenizer, curve, prompts, CALIBRATION_TOKENS)
+    assert spec.auto is not None
+    source = f"{len(prompts)} built-in prompts"
+    remember_tree(path, spec.auto, source)
+    log(f"auto tree: cached in {path}")
+    return spec
