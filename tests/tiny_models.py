@@ -29,3 +29,21 @@ def make_tiny_llama(
     model.config.name_or_path = "tiny-random-llama"
     model.requires_grad_(False)
     return model
+
+
+def in_local_hub_cache(folder, repo_id: str, monkeypatch) -> str:
+    """Place ``folder`` in a temporary Hub cache as ``repo_id``'s main snapshot, the layout ``snapshot_download``
+    reads offline, and point huggingface_hub at that cache. Returns the repo id."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache = folder.parent / "hub-cache"
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(folder, repo / "snapshots" / commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return repo_id

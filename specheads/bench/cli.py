@@ -161,7 +161,7 @@ def build_methods(
 ) -> list[Method]:
     """Baseline first, then transformers' methods, specheads prompt lookup and one method per head. Every ``auto``
     tree chosen is also cached for ``specheads generate --tree auto`` on this device (``auto_tree_cache_path``)."""
-    from specheads.heads import LORA_DIR, DraftModel, load_head
+    from specheads.heads import LORA_DIR, DraftModel, load_head, resolve_head_folder
 
     methods = [hf_method("generate", target, description="transformers generate (baseline)")]
     if "hf-prompt-lookup" in settings.methods:
@@ -187,10 +187,11 @@ def build_methods(
     if len(trees) not in (1, len(settings.heads)):
         raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
     curve = None
-    for i, head_dir in enumerate(settings.heads):
-        if (Path(head_dir) / LORA_DIR).is_dir():
+    for i, head_arg in enumerate(settings.heads):
+        head_dir = resolve_head_folder(head_arg)  # a Hub id is fetched once; everything below reads this folder
+        if (head_dir / LORA_DIR).is_dir():
             raise ValueError(
-                f"{head_dir} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
+                f"{head_arg} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
                 "not comparable to the plain target's. Merge the adapter into a target copy and pass it as --target."
             )
         head = load_head(head_dir, target).to(target.device).eval()
@@ -208,9 +209,9 @@ def build_methods(
             remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}")
         else:
             spec = fixed_drafter(head, tree)
-        name = f"specheads-{Path(head_dir).name}"
+        name = f"specheads-{Path(head_arg).name}"
         if any(m.name == name for m in methods):
-            raise ValueError(f"two --head folders are both named {Path(head_dir).name!r}; rename one")
+            raise ValueError(f"two --head folders are both named {Path(head_arg).name!r}; rename one")
         what = f"{head.head_type} head"
         curve_used = curve if tree == "auto" else None
         methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve_used))

@@ -148,22 +148,24 @@ def accept_typical(
     posterior_threshold: float = 0.09,
     posterior_alpha: float = 0.3,
     generator: torch.Generator | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
 ) -> AcceptResult:
     """Medusa's typical acceptance (https://arxiv.org/abs/2401.10774, section 2.3.1). LOSSY.
 
     A drafted token x is typical at its parent if p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p))),
-    with p the target's distribution at `temperature` and H its entropy: a confident target accepts only its
-    favourites, a flat one accepts more. The longest all-typical path wins (the first drafted on ties), then the
-    next token is sampled from the target after it. It accepts more than speculative sampling but does NOT
-    reproduce the target's distribution (it is in `LOSSY_ACCEPTANCE`). Temperature 0 makes every p one-hot, so
-    the rule becomes exactly greedy acceptance, which is what runs.
+    with p the target's distribution at `temperature` (then `top_k` / `top_p`, as sampling warps it) and H its
+    entropy: a confident target accepts only its favourites, a flat one accepts more. The longest all-typical path
+    wins (the first drafted on ties), then the next token is sampled from the target after it. It accepts more than
+    speculative sampling but does NOT reproduce the target's distribution (it is in `LOSSY_ACCEPTANCE`).
+    Temperature 0 makes every p one-hot, so the rule becomes exactly greedy acceptance, which is what runs.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}.")
     if temperature == 0:
         return accept_greedy(tokens, parents, target_logits)
     parent_list = _check_tree(tokens, parents, target_logits)
-    probs = warp_logits_to_probs(target_logits, temperature)  # (n, V)
+    probs = warp_logits_to_probs(target_logits, temperature, top_k, top_p)  # (n, V)
     entropy = torch.special.entr(probs).sum(dim=-1)  # (n,) nats
     threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)  # (n,)
     candidate_probs = probs[parents[1:], tokens[1:]]  # (n - 1,)

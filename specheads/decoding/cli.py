@@ -81,6 +81,11 @@ def generate_main(argv: list[str] | None = None) -> int:
         parser.error(f"--lookup-solo {args.lookup_solo} needs --lookup-branch N: it is a variant of the branch")
     if (args.tree is not None or args.recalibrate) and not args.head:
         parser.error(f"--tree {args.tree} and --recalibrate need --head: they set how a head drafts")
+    if args.acceptance == "greedy" and args.temperature > 0:
+        parser.error(
+            f"--acceptance greedy keeps the target's argmax: it needs --temperature 0 (got {args.temperature}); "
+            "to sample, use --acceptance speculative (lossless)"
+        )
     if args.recalibrate and args.tree != "auto":
         parser.error(f"--recalibrate re-measures the auto tree: it needs --tree auto, got --tree {args.tree}")
     from specheads.target import cache_root, load_target
@@ -90,14 +95,18 @@ def generate_main(argv: list[str] | None = None) -> int:
     if args.prompt_lookup:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
     elif args.head:
-        from specheads.heads import load_head, load_lora_adapter
+        from specheads.heads import load_head, load_lora_adapter, resolve_head_folder
 
-        target = load_lora_adapter(target, args.head)  # Medusa-2: the adapted target is the one being decoded
-        head = load_head(args.head, target)
+        head_dir = resolve_head_folder(args.head)  # a Hub id is fetched once; everything below reads this folder
+        target = load_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
+        head = load_head(head_dir, target)
         if args.tree == "auto":
-            spec = auto_tree_drafter(head, args.head, target, tokenizer, cache_root(), args.recalibrate, log=_stderr)
+            spec = auto_tree_drafter(head, head_dir, target, tokenizer, cache_root(), args.recalibrate, log=_stderr)
         else:
-            spec = fixed_drafter(head, args.tree)
+            try:
+                spec = fixed_drafter(head, args.tree)
+            except ValueError as error:
+                parser.error(f"--tree: {error}")
             if args.tree is None and head.head_type == "eagle" and target.device.type == "cpu":
                 _stderr(
                     "note: the default EAGLE tree (60 nodes) is sized for a GPU; on a CPU, verifying it costs ~3x a "

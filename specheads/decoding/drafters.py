@@ -192,11 +192,11 @@ def with_lookup_branch(spec: DrafterSpec, num_tokens: int, solo_ngram: int | str
 
 def head_fingerprint(head_dir: str | os.PathLike) -> str:
     """A digest of a saved head's config and weights (and its LoRA adapter's): a retrained head gets a new tree.
-    Training checkpoints under the folder are not part of the head and are left out."""
-    from specheads.heads import LORA_DIR
+    Training checkpoints under the folder are not part of the head and are left out. A Hub id is resolved first."""
+    from specheads.heads import LORA_DIR, resolve_head_folder
 
     digest = hashlib.sha256()
-    root = Path(head_dir)
+    root = resolve_head_folder(head_dir)
     files = [*root.glob("*"), *(root / LORA_DIR).glob("*")]
     for path in sorted(p for p in files if p.is_file() and p.suffix in (".json", ".safetensors")):
         digest.update(str(path.relative_to(root)).encode())

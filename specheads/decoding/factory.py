@@ -26,7 +26,7 @@ def build_drafter(head: Any, tree: str | None) -> Any:
     """A drafter for a loaded head and a tree setting (see the module docstring)."""
     kind = head.head_type
     if tree is not None and tree.split(":")[0] == "chain":
-        depth = int(tree.split(":")[1]) if ":" in tree else _default_depth(head)
+        depth = _positive_ints(tree, "chain:D", 1)[0] if ":" in tree else _default_depth(head)
         if kind == "medusa":
             return MedusaDrafter(head, chain_tree(depth))
         if kind == "eagle":
@@ -37,7 +37,7 @@ def build_drafter(head: Any, tree: str | None) -> Any:
             return EagleTreeDrafter(head, DynamicTreeConfig())
         if not tree.startswith("dynamic:"):
             raise ValueError(f"EAGLE heads take --tree chain[:D] or dynamic[:D,K,N]; got {tree!r}")
-        depth, top_k, total = (int(x) for x in tree.removeprefix("dynamic:").split(","))
+        depth, top_k, total = _positive_ints(tree, "dynamic:D,K,N", 3)
         return EagleTreeDrafter(head, DynamicTreeConfig(depth, top_k, total))
     if kind == "medusa":
         if tree is None:
@@ -54,6 +54,20 @@ def default_medusa_tree(num_heads: int) -> StaticTree:
     """The default tree cut to the paths a head set with ``num_heads`` heads can draft (it is 4 deep)."""
     choices = json.loads(_tree_file(DEFAULT_MEDUSA_TREE).read_text())[TREE_FILE_KEY]
     return static_tree([c for c in choices if len(c) <= num_heads])
+
+
+def _positive_ints(tree: str, form: str, count: int) -> list[int]:
+    """The numbers after the colon of a ``chain:D`` / ``dynamic:D,K,N`` setting, or an error naming the form."""
+    try:
+        values = [int(x) for x in tree.split(":", 1)[1].split(",")]
+    except ValueError:
+        values = []
+    if len(values) != count or min(values) < 1:
+        raise ValueError(
+            f"tree setting {tree!r}: expected {form} with {count} whole number(s) >= 1, e.g. "
+            f"{'chain:4' if count == 1 else 'dynamic:5,8,60'}"
+        )
+    return values
 
 
 def _default_depth(head: Any) -> int:

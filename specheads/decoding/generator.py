@@ -141,6 +141,7 @@ class SpeculativeGenerator:
         self.backoff = DraftBackoff() if backoff is True else (backoff or None)
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        self.window = sliding_window(DynamicCache(config=target.config))  # 0: every layer sees the whole prefix
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
         eos = tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -152,7 +153,7 @@ class SpeculativeGenerator:
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        stop: Sequence[str] = (),
+        stop: Sequence[str] | str = (),
         seed: int | None = None,
         stream: Callable[[str], None] | None = None,
     ) -> GenerationResult:
@@ -176,7 +177,7 @@ class SpeculativeGenerator:
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        stop: Sequence[str] = (),
+        stop: Sequence[str] | str = (),
         seed: int | None = None,
         stream: Callable[[str], None] | None = None,
     ) -> GenerationResult:
@@ -184,8 +185,21 @@ class SpeculativeGenerator:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         start = time.perf_counter()
         sampling = Sampling(temperature, top_k, top_p)
+        if self.acceptance == "greedy" and not sampling.greedy:
+            raise ValueError(
+                f"acceptance='greedy' keeps the target's argmax, so it decodes at temperature 0 only; got "
+                f"temperature {temperature}. Use temperature=0, or acceptance='speculative' to sample (lossless)"
+            )
+        stop = [stop] if isinstance(stop, str) else list(stop)
         rule = "greedy" if sampling.greedy else self.acceptance
         input_ids = self.encode(prompt)  # (T,)
+        if self.window and input_ids.numel() + max_new_tokens > self.window:
+            raise ValueError(
+                f"the target uses sliding-window attention (window {self.window} tokens) and this request may reach "
+                f"{input_ids.numel() + max_new_tokens} (prompt {input_ids.numel()} + max_new_tokens {max_new_tokens}); "
+                "tree verification passes one mask over the whole prefix, which sliding-window layers do not keep. "
+                "Keep prompt + max_new_tokens within the window"
+            )
         req = self.prefill(input_ids, sampling, seed, rule)
         self.emit(req, [req.root], max_new_tokens, stop, stream)
         device = self.target.device
@@ -201,15 +215,19 @@ class SpeculativeGenerator:
                 req.stats.plain_steps += self.drafter is not None
             else:
                 tree = self.drafter.propose(req.drafter_state).to(device)
-            if req.prompt_len + len(req.output) + tree.num_nodes > self.max_context > 0:
-                req.stats.stop_reason = "context_full"
+            prefix_len = req.cache.get_seq_length()  # the root goes at this position, depth-d nodes at + d
+            if self.max_context and prefix_len >= self.max_context:
+                req.stats.stop_reason = "context_full"  # not even the root has a position left
                 break
+            ancestors = _ancestors(tree)
+            deep = self.max_context and prefix_len + _depth(ancestors) >= self.max_context
+            if deep or (self.window and prefix_len + tree.num_nodes > self.window):
+                # near the end of the context (or of a sliding window, which must hold every node): the root alone
+                tree = root_only_tree(req.root, device)
+                ancestors = _ancestors(tree)
             # 2. verify: one target forward over every node
             sync()  # on a GPU, wait for queued kernels so that each phase's time is its own
             t1 = time.perf_counter()
-            structure = tree.structure
-            ancestors = structure.ancestors if structure is not None else ancestor_matrix(tree.parents)
-            prefix_len = req.cache.get_seq_length()
             verification = verify_tree(self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors)
             req.stats.target_forwards += 1
             # 3. accept: the longest acceptable path plus the bonus/correction token
@@ -217,8 +235,7 @@ class SpeculativeGenerator:
             t2 = time.perf_counter()
             result = self.accept(rule, tree, verification.logits, sampling, req.generator)
             path = torch.tensor(result.path, device=tree.tokens.device)
-            tree_depth = int(ancestors.sum(dim=1).max()) - 1
-            req.stats.record_step(tree_depth, len(result.path) - 1)
+            req.stats.record_step(_depth(ancestors), len(result.path) - 1)
             # 4. commit: keep the path in the target cache, tell the drafter what the target saw
             commit_path(req.cache, prefix_len, path)
             fed_tokens = tree.tokens[path]
@@ -272,7 +289,17 @@ class SpeculativeGenerator:
             return accept_greedy(tree.tokens, tree.parents, logits)
         if rule == "typical":
             threshold, alpha = self.typical_params
-            return accept_typical(tree.tokens, tree.parents, logits, sampling.temperature, threshold, alpha, generator)
+            return accept_typical(
+                tree.tokens,
+                tree.parents,
+                logits,
+                sampling.temperature,
+                threshold,
+                alpha,
+                generator,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+            )
         target_probs = sampling.probs(logits)  # (n, V), warped exactly like the draft's q
         return accept_speculative(tree.tokens, tree.parents, target_probs, tree.draft_probs, generator, tree.fixed)
 
@@ -337,6 +364,21 @@ class SpeculativeGenerator:
                 "(max_position_embeddings); shorten the prompt to leave room for new tokens"
             )
         return ids
+
+
+def _ancestors(tree: DraftTree) -> torch.Tensor:
+    return tree.structure.ancestors if tree.structure is not None else ancestor_matrix(tree.parents)
+
+
+def _depth(ancestors: torch.Tensor) -> int:
+    """Depth of the deepest node (the root is depth 0), from the (n, n) ancestor-or-self matrix."""
+    return int(ancestors.sum(dim=1).max()) - 1
+
+
+def sliding_window(cache: DynamicCache) -> int:
+    """The smallest sliding window among the cache's layers (0 when every layer attends to the whole prefix)."""
+    windows = [int(layer.sliding_window) for layer in cache.layers if getattr(layer, "is_sliding", False)]
+    return min(windows, default=0)
 
 
 def _cut_after_stop(text: str, stop: Sequence[str]) -> str:

@@ -92,9 +92,12 @@ class DraftModelDrafter:
             state.root = root
             return
         state.proposed = False
-        accepted = len(fed) - 1
-        # The cache holds the old root and the first draft_length - 1 chain tokens beyond the committed rows.
-        in_cache = min(len(fed), state.draft_length)
+        # The cache holds the old root and the first draft_length - 1 chain tokens beyond the committed rows. Those
+        # rows stay valid up to the first accepted token that is not the chain's: with a lookup branch grafted on
+        # (LookupBranchDrafter) the accepted path can leave the chain.
+        accepted = next((i for i, (a, b) in enumerate(zip(fed[1:], state.last_chain)) if a != b), len(fed) - 1)
+        accepted = min(accepted, len(state.last_chain))  # chain tokens the target accepted
+        in_cache = min(1 + accepted, state.draft_length)
         crop_to(state.cache, state.committed + in_cache)
         state.committed += in_cache
         state.pending = fed[in_cache:]

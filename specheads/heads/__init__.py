@@ -10,7 +10,15 @@ from specheads.heads.eagle import (
     build_vocab_maps,
     default_eagle3_layer_ids,
 )
-from specheads.heads.load import HEADS, LORA_DIR, HeadLoadError, load_head, load_lora_adapter, read_head_config
+from specheads.heads.load import (
+    HEADS,
+    LORA_DIR,
+    HeadLoadError,
+    load_head,
+    load_lora_adapter,
+    read_head_config,
+    resolve_head_folder,
+)
 from specheads.heads.masks import causal_additive_mask, padding_causal_mask
 from specheads.heads.medusa import MEDUSA_HEAD_OFFSET, MedusaConfig, MedusaHeads, predicted_offset
 
@@ -39,4 +47,5 @@ __all__ = [
     "padding_causal_mask",
     "predicted_offset",
     "read_head_config",
+    "resolve_head_folder",
 ]

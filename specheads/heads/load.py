@@ -38,7 +38,7 @@ def load_head(
     ``trainable=True`` keeps train mode and the gradients of a freshly built head (to continue training from it).
     A Llama EAGLE-3 draft checkpoint as SpecForge, vLLM and SGLang use it loads too (``specheads.heads.interop``).
     """
-    folder = _resolve_folder(dir_or_hub_id, revision)
+    folder = resolve_head_folder(dir_or_hub_id, revision)
     raw = _read_json(folder / CONFIG_NAME)
     if is_eagle3_checkpoint(raw):
         head = load_eagle3_checkpoint(folder, target)
@@ -88,7 +88,9 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise HeadLoadError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from err
 
 
-def _resolve_folder(dir_or_hub_id: str | os.PathLike, revision: str | None) -> Path:
+def resolve_head_folder(dir_or_hub_id: str | os.PathLike, revision: str | None = None) -> Path:
+    """The local folder of a head: ``dir_or_hub_id`` itself when it exists, else the Hub repo's snapshot (downloaded,
+    or from the local Hub cache). Resolve once and pass the folder on, so every reader sees the same files."""
     path = Path(dir_or_hub_id)
     if path.exists():
         if not path.is_dir():
@@ -155,12 +157,13 @@ LORA_DIR = "lora"
 
 
 def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -> PreTrainedModel:
-    """Merge a Medusa-2 LoRA adapter saved beside a head into ``target`` and return the merged, frozen model.
+    """Merge a Medusa-2 LoRA adapter saved beside a head (a folder or a Hub id) into ``target`` and return the
+    merged, frozen model.
 
     Heads without an adapter return ``target`` unchanged. Merging changes the target's weights in place: the
     adapted target is the model whose output decoding then reproduces exactly.
     """
-    adapter = Path(head_folder) / LORA_DIR
+    adapter = resolve_head_folder(head_folder) / LORA_DIR
     if not adapter.is_dir():
         return target
     from peft import PeftModel

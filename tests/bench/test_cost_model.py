@@ -297,3 +297,19 @@ def test_bench_auto_tree_is_cached_for_generate(tiny_llama, tmp_path, monkeypatc
     spec = auto_tree_drafter(head, head_dir, tiny_llama, WordTokenizer(), tmp_path / "cache", log=lines.append)
     assert lines == [] and spec.tree.startswith("auto, cached from specheads bench on 2 held-out questions:")
     assert spec.auto is not None and spec.auto.choices == cached_choice(path)
+
+
+def test_auto_tree_of_a_hub_head_is_keyed_by_its_snapshot(tiny_llama, tmp_path, monkeypatch):
+    """A head given as a Hub id is fingerprinted from its downloaded files, not from a folder that does not exist."""
+    from tiny_models import in_local_hub_cache
+
+    from specheads.decoding.drafters import head_fingerprint
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "a")
+    MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(tmp_path / "b")
+    hub_a = in_local_hub_cache(tmp_path / "a", "someone/medusa-a", monkeypatch)
+    hub_b = in_local_hub_cache(tmp_path / "b", "someone/medusa-b", monkeypatch)
+    assert head_fingerprint(hub_a) == head_fingerprint(tmp_path / "a")
+    assert head_fingerprint(hub_a) != head_fingerprint(hub_b)

@@ -74,6 +74,8 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     assert capsys.readouterr().out == first.out
     for bad, message in [
         (["--tree", "chain:2"], "--tree chain:2 and --recalibrate need --head"),
+        (["--acceptance", "greedy", "--temperature", "0.7"], "--acceptance greedy keeps the target's argmax"),
+        ([*common, "--tree", "chain:x"], "--tree: tree setting 'chain:x': expected chain:D"),
         ([*common, "--recalibrate"], "--recalibrate re-measures the auto tree: it needs --tree auto"),
     ]:
         with pytest.raises(SystemExit):
@@ -99,6 +101,9 @@ def test_build_drafter_tree_settings(tiny_llama):
     assert build_drafter(draft, "chain:2").max_length == 2
     with pytest.raises(ValueError, match="neither a file"):
         build_drafter(medusa, "no-such-tree")
+    for bad, form in [("dynamic:5,8", "dynamic:D,K,N"), ("dynamic:5,0,60", "dynamic:D,K,N"), ("chain:x", "chain:D")]:
+        with pytest.raises(ValueError, match=f"tree setting '{bad}': expected {form} with"):
+            build_drafter(eagle, bad)
     with pytest.raises(ValueError, match="EAGLE"):
         build_drafter(eagle, "small10")
     assert isinstance(build_drafter(eagle, "dynamic"), EagleTreeDrafter)

@@ -84,6 +84,23 @@ def test_draft_model_cache_and_adaptive_length(tiny_llama):
     assert state.cache.get_seq_length() == committed.numel() + 2  # + the pending token and the old root
 
 
+@torch.inference_mode()
+def test_draft_model_cache_when_the_accepted_path_leaves_its_chain(tiny_llama):
+    """With a lookup branch grafted on, the target can accept a token the draft model did not draft: only the
+    chain rows up to that token stay in the draft cache, and the rest waits to be fed."""
+    drafter = DraftModelDrafter(DraftModel.from_target(tiny_llama, 1).eval(), draft_length=3, max_length=4)
+    state = drafter.begin(PROMPT, None, 11, Sampling(), None)
+    tree = drafter.propose(state)
+    first = int(tree.tokens[1])
+    other = (first + 1) % 128  # a lookup token beside the chain's first guess
+    fed = torch.tensor([11, first, other])  # root, the chain's first token, then the branch
+    drafter.observe(state, fed, None, 7)
+    assert state.pending == [other] and state.draft_length == 3  # one chain token accepted: neither grow nor shrink
+    reference = DynamicCache(config=drafter.model.config)
+    drafter.model(input_ids=torch.cat([PROMPT, fed[:2]]).unsqueeze(0), cache=reference, use_cache=True)
+    _assert_same_cache(state.cache, reference)
+
+
 def test_prompt_lookup_finds_latest_match():
     context = torch.tensor([1, 2, 3, 4, 9, 2, 3, 5, 6, 2, 3])
     tokens, ngram = lookup_match(context, 2, max_ngram=3, min_ngram=1)

@@ -127,7 +127,70 @@ def test_prompt_errors(tiny_llama):
 
 def test_generation_stops_when_context_is_full(tiny_llama):
     result = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(torch.ones(508, dtype=torch.long), 50)
-    assert result.stats.stop_reason == "context_full" and len(result.token_ids) <= 4
+    assert result.stats.stop_reason == "context_full" and len(result.token_ids) <= 5
+
+
+@pytest.mark.parametrize("name", ["eagle1", "medusa", "draft_model", "lookup"])
+def test_drafting_uses_every_position_of_the_context(tiny_llama, name):
+    """Near the end of the context a tree that does not fit is cut to the root: every drafter stops exactly where
+    plain decoding does, after the last position (512 here) is used, and with the same tokens."""
+    prompt = torch.randint(0, 128, (495,), generator=torch.Generator().manual_seed(1))
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(prompt, max_new_tokens=40)
+    # positions 495..511 take the first 17 new tokens, the 18th comes from the last position's logits
+    assert len(plain.token_ids) == 512 - 495 + 1 and plain.stats.stop_reason == "context_full"
+    drafter = tiny_drafters(tiny_llama)[name]
+    ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter).generate(prompt, max_new_tokens=40)
+    assert ours.token_ids == plain.token_ids and ours.stats.stop_reason == "context_full"
+
+
+def test_greedy_acceptance_refuses_sampling_and_typical_honours_top_k(tiny_llama):
+    drafter = tiny_drafters(tiny_llama)["medusa"]
+    with pytest.raises(ValueError, match="acceptance='greedy' keeps the target's argmax"):
+        SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter, acceptance="greedy").generate(
+            PROMPT, max_new_tokens=4, temperature=0.8
+        )
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=16)
+    typical = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter, acceptance="typical")
+    for seed in range(3):  # top_k=1 leaves the argmax alone: typical acceptance must then decode greedily
+        result = typical.generate(PROMPT, max_new_tokens=16, temperature=1.0, top_k=1, seed=seed)
+        assert result.token_ids == plain.token_ids
+
+
+def test_a_stop_string_given_alone_is_one_string(tiny_llama):
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12)
+    stop = f" w{plain.token_ids[6]}"
+    alone = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12, stop=stop)
+    listed = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12, stop=[stop])
+    assert alone.token_ids == listed.token_ids and alone.stats.stop_reason == "stop_string"
+    assert len(listed.token_ids) > 1  # read letter by letter, " w..." would stop at the first token's space
+
+
+def test_sliding_window_target_decodes_within_the_window_and_refuses_beyond():
+    """A target whose layers keep only the last W keys: tree verification needs every prefix key, so requests
+    that fit the window decode exactly as the target's own generate, and longer ones are refused up front."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        sliding_window=16,
+        attn_implementation="sdpa",
+    )
+    target = MistralForCausalLM(config).eval()
+    target.generation_config.eos_token_id = None
+    prompt = torch.tensor([4, 5, 6, 4, 5, 6, 4, 5])
+    expected = target.generate(prompt[None], max_new_tokens=8, do_sample=False)[0, 8:].tolist()
+    for drafter in (None, PromptLookupDrafter(num_tokens=4, min_ngram=1)):
+        generator = SpeculativeGenerator(target, TinyTokenizer(), drafter)
+        assert generator.generate(prompt, max_new_tokens=8).token_ids == expected  # 8 + 8 = the window
+        with pytest.raises(ValueError, match=r"sliding-window attention \(window 16 tokens\).*may reach 17"):
+            generator.generate(prompt, max_new_tokens=9)
 
 
 @pytest.mark.parametrize("name", ["eagle1", "eagle3-d2t", "draft_model"])

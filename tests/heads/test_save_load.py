@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import make_tiny_llama
+from tiny_models import in_local_hub_cache, make_tiny_llama
 
 from specheads.heads import (
     DraftModel,
@@ -205,7 +205,7 @@ def test_save_over_existing_folder_keeps_side_files(tiny_llama, tmp_path):
     assert load_head(folder, tiny_llama).num_heads == 3
 
 
-def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path):
+def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path, monkeypatch):
     """Medusa-2: the adapted target saved in <head>/lora is what decoding runs; merging must not change outputs."""
     from peft import LoraConfig, get_peft_model
 
@@ -229,4 +229,10 @@ def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path):
     assert not torch.allclose(got, plain)
     assert not any(p.requires_grad for p in merged.parameters())
     untouched = make_tiny_llama()
+    MedusaHeads(MedusaConfig(num_heads=2), untouched).save_pretrained(tmp_path / "no-adapter")
     assert load_lora_adapter(untouched, tmp_path / "no-adapter") is untouched
+
+    # The same head as a Hub id (from the local Hub cache: no network here): its adapter is found and merged too.
+    hub_merged = load_lora_adapter(make_tiny_llama(), in_local_hub_cache(folder, "someone/medusa2-head", monkeypatch))
+    with torch.no_grad():
+        torch.testing.assert_close(hub_merged(ids).logits, expected, atol=1e-5, rtol=1e-5)
