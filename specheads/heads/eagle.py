@@ -97,6 +97,12 @@ class EagleDrafter(DraftHead):
         self.layer = layer_cls(layer_config, 0).to(dtype)
         self.rotary = rotary_cls(config=layer_config)
         if config.version == 1:
+            if config.draft_vocab_size is not None:
+                raise HeadConfigError(
+                    f"draft_vocab_size={config.draft_vocab_size} applies to EAGLE-3; EAGLE-1 drafts over the target's "
+                    "full vocabulary with the target's own lm_head. Drop draft_vocab_size, or use version=3 for a "
+                    "reduced draft vocabulary."
+                )
             self.fc = nn.Linear(2 * hidden, hidden, bias=config.fc_bias, dtype=dtype)
             if not config.input_norm:
                 self.layer.input_layernorm = nn.Identity()
@@ -111,6 +117,12 @@ class EagleDrafter(DraftHead):
         self.norm = norm_cls(hidden, eps=eps).to(dtype)
         vocab_size = record.vocab_size
         draft_vocab = config.draft_vocab_size or vocab_size
+        if draft_vocab > vocab_size:
+            raise HeadConfigError(
+                f"draft_vocab_size={draft_vocab} exceeds the target's vocabulary of {vocab_size} tokens; the draft "
+                f"vocabulary is a subset of the target's. Set draft_vocab_size to at most {vocab_size}, or leave it "
+                "unset for the full vocabulary."
+            )
         config.draft_vocab_size = draft_vocab
         if d2t is None:
             if draft_vocab != vocab_size:

@@ -1,23 +1,60 @@
 """Atomic training checkpoints on top of ``accelerator.save_state``.
 
-Every rank writes into ``checkpoints/.tmp-step-N``; once all are done the main process writes ``trainer_state.json``
-last and renames the folder to ``checkpoints/step-N``. A rename is atomic, so a run killed mid-save leaves only a
-``.tmp-*`` folder that resume ignores (and the next save removes), never a ``step-*`` folder that loads half.
+Every rank writes into ``checkpoints/.tmp-step-N``; once all are done the main process writes the run's config and
+``trainer_state.json`` last and renames the folder to ``checkpoints/step-N``. A rename is atomic, so a run killed
+mid-save leaves only a ``.tmp-*`` folder that resume ignores (and the next save removes), never a ``step-*`` folder
+that loads half.
+
+A checkpoint belongs to one run: a new run (``train.resume=no``) refuses an output folder that holds checkpoints, and a
+resumed run must keep the settings its restored optimizer, scheduler and data order were made with.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
+import torch
 from accelerate import Accelerator
+from omegaconf import OmegaConf
+
+from specheads.training.tracking import flatten
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 STATE_FILE = "trainer_state.json"
+CONFIG_FILE = "train_config.yaml"
+WEIGHTS_FILE = "model.safetensors"  # what ``accelerator.save_state`` names the first model's weights
+
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "train.max_steps",  # may only grow
+        "train.output_dir",
+        "train.resume",
+        "train.stop_after",
+        "train.log_every",
+        "train.eval_every",
+        "train.eval_batches",
+        "train.eval_batch_size",
+        "train.save_every",
+        "train.keep_last",
+        "train.progress_bar",
+        "train.log_with",
+        "train.project",
+        "train.run_name",
+        "data.num_proc",  # tokenizing workers: the samples are the same
+    }
+)
+"""Settings a resumed run may change: how long it runs and when and where it logs, evaluates and saves. Every other
+setting is either restored by the checkpoint (optimizer and scheduler state, data order) or defines what the run
+learns (head, loss, data, features, target), so changing it on resume is an error rather than silently ignored."""
 
 
 def checkpoint_root(output_dir: str | os.PathLike) -> Path:
@@ -28,18 +65,23 @@ def _name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: str | os.PathLike, step: int, keep_last: int) -> Path:
-    """Save the full training state (model, optimizer, scheduler, RNG, sampler) atomically; keep the last K."""
+def save_checkpoint(
+    accelerator: Accelerator, output_dir: str | os.PathLike, step: int, keep_last: int, config_yaml: str
+) -> Path:
+    """Save the full training state (model, optimizer, scheduler, RNG, sampler) and the run's config (``to_yaml``)
+    atomically; keep the last K. Half-written ``.tmp-*`` folders of killed saves are removed first."""
     root = checkpoint_root(output_dir)
     final = root / _name(step)
     tmp = root / f"{TMP_PREFIX}{_name(step)}"
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in root.glob(f"{TMP_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        (tmp / CONFIG_FILE).write_text(config_yaml)
         _write_json_durably(tmp / STATE_FILE, {"step": step})
         if final.exists():
             shutil.rmtree(final)
@@ -75,14 +117,100 @@ def read_step(checkpoint: str | os.PathLike) -> int:
 
 
 def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
-    """``no`` -> None; ``auto`` -> the latest checkpoint in ``output_dir`` (None if there is none); else a path."""
+    """``no`` -> None; ``auto`` -> the latest checkpoint in ``output_dir`` (None if there is none); else a path.
+
+    ``no`` refuses an output folder that already holds checkpoints: the new run's saves would be pruned in favour of
+    the old run's higher steps, and a later ``auto`` would resume the old run.
+    """
     if resume == "no":
+        found = completed_checkpoints(output_dir)
+        if found:
+            raise ValueError(
+                f"train.resume=no starts a new run, but {checkpoint_root(output_dir)} already holds checkpoints of a "
+                f"run ({', '.join(p.name for p in found)}); expected an output folder without checkpoints. Continue "
+                "that run with train.resume=auto (or --resume), or give this run another train.output_dir (or "
+                "delete that folder)."
+            )
         return None
     if resume == "auto":
         return latest_checkpoint(output_dir)
     path = Path(resume)
     read_step(path)  # fails loudly if incomplete
     return path
+
+
+def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None:
+    """Refuse to resume with settings that differ from the run that wrote ``checkpoint`` (see ``RESUME_MAY_CHANGE``).
+
+    ``config_yaml`` is the resuming run's config (``to_yaml``); both sides are read back from YAML, so they compare
+    the same way. A checkpoint written before checkpoints kept their config is resumed with a warning.
+    """
+    path = Path(checkpoint) / CONFIG_FILE
+    if not path.is_file():
+        logger.warning(
+            "%s has no %s (an older checkpoint): the resumed run's settings cannot be checked", checkpoint, CONFIG_FILE
+        )
+        return
+    saved = flatten(OmegaConf.to_container(OmegaConf.load(path)))
+    now = flatten(OmegaConf.to_container(OmegaConf.create(config_yaml)))
+    changed = [
+        f"{key}: {_shown(saved, key)} -> {_shown(now, key)}"
+        for key in sorted(set(saved) | set(now))
+        if key not in RESUME_MAY_CHANGE and (key in saved, saved.get(key)) != (key in now, now.get(key))
+    ]
+    if now["train.max_steps"] < saved["train.max_steps"]:
+        changed.append(f"train.max_steps: {saved['train.max_steps']} -> {now['train.max_steps']} (it may only grow)")
+    if changed:
+        raise ValueError(
+            f"resuming from {checkpoint} with settings that differ from the run that wrote it ({'; '.join(changed)}); "
+            "expected the same settings: the restored optimizer, scheduler and data order were made with them, so "
+            f"the new values would be ignored or mixed. Resume with the values in {path}, or start a new run with "
+            f"these settings (another train.output_dir, train.resume=no). Only {sorted(RESUME_MAY_CHANGE)} may "
+            "change on resume."
+        )
+
+
+def _shown(flat: dict[str, Any], key: str) -> str:
+    return repr(flat[key]) if key in flat else "(unset)"
+
+
+def keep_trainable_state_only(accelerator: Accelerator) -> None:
+    """Checkpoints hold what training changes, not frozen weights the run rebuilds identically from its config.
+
+    Medusa-2's objective holds the whole adapted target (~0.5 GB for SmolLM2) of which only the LoRA adapters train.
+    Accelerate's save-state hook drops parameters that do not require grad from the saved model state; its load-state
+    hook loads the weights itself, checking that nothing but those is missing and nothing is unexpected (a checkpoint
+    that still holds them loads too). This covers the plain and DDP paths; FSDP and DeepSpeed save through their own
+    engines and keep every tensor.
+    """
+    accelerator.register_save_state_pre_hook(_drop_frozen_weights)
+    accelerator.register_load_state_pre_hook(_load_weights_checked)
+
+
+def _frozen_names(model: torch.nn.Module) -> set[str]:
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def _drop_frozen_weights(models: list[torch.nn.Module], weights: list[dict[str, Any]], output_dir: str) -> None:
+    if len(weights) != len(models):  # FSDP / DeepSpeed: the engines saved the models themselves
+        return
+    for model, state in zip(models, weights):
+        for name in _frozen_names(model):
+            state.pop(name, None)
+
+
+def _load_weights_checked(models: list[torch.nn.Module], input_dir: str) -> None:
+    for index, model in enumerate(models):
+        path = Path(input_dir) / (WEIGHTS_FILE if index == 0 else WEIGHTS_FILE.replace(".", f"_{index}."))
+        missing, unexpected = safetensors.torch.load_model(model, path, strict=False)
+        wrong = sorted(set(missing) - _frozen_names(model))
+        if wrong or unexpected:
+            raise ValueError(
+                f"{path} does not match the model being trained (missing trainable tensors {wrong[:5]}, unexpected "
+                f"tensors {sorted(unexpected)[:5]}); expected a checkpoint of this run's head. Resume with the config "
+                "that wrote it, or start a new run."
+            )
+    models.clear()  # loaded here: Accelerate must not load them again
 
 
 def prune_checkpoints(root: Path, keep_last: int) -> None:

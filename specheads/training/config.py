@@ -25,6 +25,18 @@ LABEL_KINDS = ("hard", "soft")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 MIXED_PRECISION = ("no", "bf16", "fp16")
 TRACKERS = ("none", "wandb", "tensorboard")
+TARGET_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+"""``target.dtype`` spellings -> the torch dtype name the target is loaded in (the short names are the ones
+``train.mixed_precision`` and ``specheads data cache-features --dtype`` use)."""
+YAML_FALSE = ("False", "false")  # YAML 1.1 reads a bare `no`/`off`/`false` as a boolean; a str field then holds this
+YAML_TRUE = ("True", "true")
 
 
 class ConfigError(ValueError):
@@ -36,7 +48,7 @@ class TargetSection:
     """The frozen target: a built-in name (``smollm2-135m-instruct``), a local directory, a .gguf file or a Hub id."""
 
     name: str = "smollm2-135m-instruct"
-    dtype: str = "float32"
+    dtype: str = "float32"  # a key of TARGET_DTYPES; validation stores the torch name (bf16 -> bfloat16)
 
 
 @dataclass
@@ -175,9 +187,12 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("loss.medusa_labels", cfg.loss.medusa_labels, LABEL_KINDS)
     _check_choice("loss.draft_labels", cfg.loss.draft_labels, LABEL_KINDS)
     _check_choice("train.scheduler", cfg.train.scheduler, SCHEDULERS)
-    if cfg.train.mixed_precision in ("False", "false"):  # YAML 1.1 reads a bare `no` as a boolean
+    if cfg.train.mixed_precision in YAML_FALSE:
         cfg.train.mixed_precision = "no"
     _check_choice("train.mixed_precision", cfg.train.mixed_precision, MIXED_PRECISION)
+    _check_choice("target.dtype", cfg.target.dtype, tuple(TARGET_DTYPES))
+    cfg.target.dtype = TARGET_DTYPES[cfg.target.dtype]
+    _normalise_resume(cfg.train)
     _check_choice("train.log_with", cfg.train.log_with, TRACKERS)
     try:
         HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options))
@@ -186,6 +201,12 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.features.mode == "offline" and not cfg.features.cache_dir:
         raise ConfigError(
             "features.mode=offline needs features.cache_dir (written by `specheads data cache-features`)."
+        )
+    if cfg.features.cache_dir and cfg.features.mode != "offline":
+        raise ConfigError(
+            f"features.cache_dir={cfg.features.cache_dir!r} is read only with features.mode=offline; found "
+            f"features.mode={cfg.features.mode!r}. Add features.mode=offline to train from the cache, or drop "
+            "features.cache_dir to run the target online."
         )
     if cfg.features.extra_cache_dirs and cfg.features.mode != "offline":
         raise ConfigError(
@@ -204,6 +225,18 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("ttt_steps", "chain_depth"):
         if getattr(cfg.loss, name) < 1:
             raise ConfigError(f"loss.{name} must be >= 1, found {getattr(cfg.loss, name)}.")
+
+
+def _normalise_resume(train: TrainSection) -> None:
+    """``train.resume: no`` (or off/false) means no; a true boolean names no checkpoint, so it is refused."""
+    if train.resume in YAML_FALSE:
+        train.resume = "no"
+    elif train.resume in YAML_TRUE:
+        raise ConfigError(
+            f"train.resume={train.resume!r} (YAML reads a bare yes/on/true as a boolean) is not valid; expected no, "
+            "auto (the latest checkpoint in train.output_dir) or a checkpoint folder. Write train.resume=auto to "
+            "continue a run."
+        )
 
 
 def to_container(cfg: TrainConfig) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from pathlib import Path
 
 import torch
 
+from specheads.heads import default_eagle3_layer_ids
 from specheads.training.data import FORMATS, DataConfig, build_datasets
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -40,7 +42,11 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--seed", type=int, default=0)
     cache.add_argument("--out-dir", required=True, help="writes OUT_DIR/train and OUT_DIR/eval (may be empty)")
     cache.add_argument(
-        "--layer-ids", type=int, nargs="+", default=None, help="HF hidden-state indices (default: 2, N//2, N-3, N)"
+        "--layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="HF hidden-state indices (default: EAGLE-3's 2, N//2, N-3 clamped to [0, N], and N)",
     )
     cache.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     cache.add_argument("--topk", type=int, default=None, help="keep the top-k target probs instead of full logits")
@@ -68,6 +74,11 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def default_cache_layer_ids(num_hidden_layers: int) -> list[int]:
+    """What every head type reads: EAGLE-3's low/mid/high features and the last hidden state (EAGLE-1, Medusa)."""
+    return sorted({*default_eagle3_layer_ids(num_hidden_layers), num_hidden_layers})
+
+
 def _cache_features(args: argparse.Namespace) -> int:
     from specheads.target import load_target
     from specheads.training.features import cache_features
@@ -82,8 +93,8 @@ def _cache_features(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_samples=args.max_samples,
     )
-    layers = model.config.num_hidden_layers
-    layer_ids = args.layer_ids or [2, layers // 2, layers - 3, layers]
+    layers = model.config.get_text_config().num_hidden_layers
+    layer_ids = args.layer_ids or default_cache_layer_ids(layers)
     for split, dataset in zip(("train", "eval"), build_datasets(cfg, tokenizer)):
         bytes_per_token = cache_features(
             model,
@@ -95,6 +106,7 @@ def _cache_features(args: argparse.Namespace) -> int:
             with_logits=not args.no_logits,
             shard_size=args.shard_size,
             batch_size=args.batch_size,
+            data=dataclasses.asdict(cfg),
         )
         print(f"{split}: {len(dataset)} samples, {bytes_per_token:.1f} bytes/token -> {Path(args.out_dir) / split}")
     return 0

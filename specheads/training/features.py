@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specheads.heads.config import TargetRecord
-from specheads.training.data import collate
+from specheads.training.data import DataConfig, collate
 
 logger = logging.getLogger(__name__)
 
@@ -175,11 +175,14 @@ def cache_features(
     with_logits: bool = True,
     shard_size: int = 512,
     batch_size: int = 8,
+    data: dict[str, Any] | None = None,
 ) -> float:
     """Write the target's features for every sample of ``dataset`` (``input_ids``, ``loss_mask``); return bytes/token.
 
     Resumable: shards already on disk are kept (each is written to a temporary name and renamed, so a shard that
     exists is complete); ``meta.json`` pins the settings and data, and a rerun with different ones is an error.
+    ``data``, the ``DataConfig`` fields the samples were built with, is recorded (not pinned: the data itself is, by
+    hash) so that offline training can warn when its own ``data.*`` settings differ.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -197,6 +200,7 @@ def cache_features(
         "data_sha1": _dataset_digest(dataset),
         "target": asdict(TargetRecord.from_model(target)),
     }
+    record = {"data": None if data is None else {**data, "paths": _resolved(data["paths"])}}
     meta_path = out_dir / "meta.json"
     if meta_path.exists():
         previous = json.loads(meta_path.read_text())
@@ -206,7 +210,7 @@ def cache_features(
                 f"{out_dir} holds a cache made with other settings or data ({', '.join(changed)} differ); "
                 "pass a new out_dir or delete this one."
             )
-    _write_json(meta_path, {**settings, "complete": False})
+    _write_json(meta_path, {**settings, **record, "complete": False})
     num_shards = -(-len(dataset) // shard_size)
     with tqdm(total=len(dataset), desc="caching features", unit="sample") as progress:
         for shard in range(num_shards):
@@ -232,6 +236,7 @@ def cache_features(
         meta_path,
         {
             **settings,
+            **record,
             "complete": True,
             "num_shards": num_shards,
             "num_tokens": num_tokens,
@@ -241,6 +246,71 @@ def cache_features(
     )
     logger.info("cached %d tokens, %d shards: %.1f bytes/token (%s)", num_tokens, num_shards, bytes_per_token, out_dir)
     return bytes_per_token
+
+
+def _resolved(paths: list[str]) -> list[str]:
+    return [str(Path(path).resolve()) for path in paths]
+
+
+DATA_RECORDED = ("paths", "format", "max_length", "max_samples", "eval_fraction", "eval_size", "seed")
+"""``data.*`` settings that decide a cache's samples; offline training reads the samples and ignores the settings."""
+
+
+def check_cache_target(dataset: CachedFeatureDataset | ConcatFeatureCache, target: PreTrainedModel) -> None:
+    """A cache's features must come from the target being trained: other shapes (layer count, hidden size,
+    vocabulary) are an error; the same shapes under another name or model type are a warning (a renamed copy, or
+    another model of the same size)."""
+    cached, current = TargetRecord(**dataset.meta["target"]), TargetRecord.from_model(target)
+    shapes = ("num_hidden_layers", "hidden_size", "vocab_size")
+    differ = [
+        f"{name} {getattr(cached, name)} vs {getattr(current, name)}"
+        for name in shapes
+        if getattr(cached, name) != getattr(current, name)
+    ]
+    if differ:
+        raise ValueError(
+            f"feature cache {dataset.out_dir} was written by target {cached.name_or_path!r}, which differs from the "
+            f"training target {current.name_or_path!r} ({', '.join(differ)}); expected features of the target being "
+            f"trained. Re-run `specheads data cache-features --target {current.name_or_path}`, or set target.name to "
+            "the cache's target."
+        )
+    if (cached.name_or_path, cached.model_type) != (current.name_or_path, current.model_type):
+        logger.warning(
+            "feature cache %s was written by target %r (%s) and the training target is %r (%s): the shapes agree, so "
+            "training goes on; make sure both are the same model",
+            dataset.out_dir,
+            cached.name_or_path,
+            cached.model_type,
+            current.name_or_path,
+            current.model_type,
+        )
+
+
+def warn_ignored_data_settings(data: DataConfig, dataset: CachedFeatureDataset | ConcatFeatureCache) -> None:
+    """Offline training reads the samples of ``features.cache_dir`` as they were cached: ``data.*`` settings are not
+    used. Warn where they differ from what the cache was built with, so a changed setting is not silently ignored."""
+    built = dataset.meta.get("data")
+    if built is None:
+        logger.warning(
+            "feature cache %s does not record the data settings it was built with (an older cache); offline training "
+            "ignores data.* and reads the cached samples as they are",
+            dataset.out_dir,
+        )
+        return
+    current = {**asdict(data), "paths": _resolved(data.paths)}
+    differ = [
+        f"data.{key}={current[key]!r} (cache: {built.get(key)!r})"
+        for key in DATA_RECORDED
+        if current[key] != built.get(key)
+    ]
+    if differ:
+        logger.warning(
+            "offline training reads the samples of feature cache %s as it was built, so these settings are ignored: "
+            "%s. To train on other data, re-run `specheads data cache-features` with them; to silence this, set them "
+            "to the cache's values",
+            dataset.out_dir,
+            "; ".join(differ),
+        )
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """One Accelerate training loop for every head type, from one CPU process to DeepSpeed ZeRO-3.
 
 Only the objective (the head, plus Medusa-2's LoRA adapters), the optimizer, the train dataloader and the scheduler
-are prepared; the frozen target stays a plain module on the device and is never wrapped, sharded or saved.
+are prepared; the frozen target stays a plain module on the device and is never wrapped, sharded or saved (Medusa-2's
+objective holds it, and its checkpoints leave its frozen weights out: ``keep_trainable_state_only``).
 A "step" is one optimizer update (``grad_accum`` micro-batches). Data order is a function of (seed, epoch) via
 Accelerate's seedable sampler, and resume skips exactly the micro-batches already consumed, so a resumed run ends
 with the same weights as an uninterrupted one.
@@ -36,16 +37,24 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
 from specheads.target import load_target
-from specheads.training.checkpoint import read_step, resolve_resume, save_checkpoint
+from specheads.training.checkpoint import (
+    check_resume_config,
+    keep_trainable_state_only,
+    read_step,
+    resolve_resume,
+    save_checkpoint,
+)
 from specheads.training.config import TrainConfig, to_container, to_yaml
 from specheads.training.data import build_datasets, collate
 from specheads.training.features import (
     FEATURE_CACHES,
     CachedFeatureDataset,
     ConcatFeatureCache,
+    check_cache_target,
     collate_features,
     extract_features,
     open_feature_caches,
+    warn_ignored_data_settings,
 )
 from specheads.training.losses import Stats, add_stats, chain_tau, ratios
 from specheads.training.objective import build_objective, parameter_groups
@@ -281,10 +290,13 @@ def train(
     """Train the head described by ``cfg``; save it (and Medusa-2's adapter in ``lora/``) to ``train.output_dir``.
 
     ``target``/``tokenizer`` skip loading ``cfg.target.name`` (tests share one copy). With ``lora.enabled`` the given
-    target receives LoRA adapters in place, so pass a copy you do not need unchanged.
+    target receives LoRA adapters in place, so pass a copy you do not need unchanged; its train/eval mode is restored.
     """
     tc = cfg.train
     out = Path(tc.output_dir)
+    resume_from = resolve_resume(tc.resume, out)  # before any loading: a wrong resume fails in seconds
+    if resume_from is not None:
+        check_resume_config(resume_from, to_yaml(cfg))
     log_with, init_kwargs = tracker_setup(cfg)
     if tc.mixed_precision == "fp16" and not _has_accelerator():
         raise ValueError(
@@ -293,6 +305,7 @@ def train(
         )
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
         target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
+    target_was_training = target.training
     accelerator = Accelerator(
         mixed_precision=tc.mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tc.grad_accum, sync_with_dataloader=False),
@@ -301,10 +314,16 @@ def train(
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         kwargs_handlers=_process_group_kwargs(),
     )
+    keep_trainable_state_only(accelerator)
     set_seed(tc.seed)
     target.to(accelerator.device)
     with accelerator.main_process_first():
         train_ds, eval_ds, merge = _datasets(cfg, tokenizer)
+    if cfg.features.mode == "offline":
+        check_cache_target(train_ds, target)
+        check_cache_target(eval_ds, target)
+        if accelerator.is_main_process:
+            warn_ignored_data_settings(cfg.data, train_ds)
     head = build_head(cfg, target, train_ds)
     objective = build_objective(head, target, cfg.loss, cfg.lora, tc.seed)
     # Medusa-2 runs its adapted target itself (with gradients), so it needs no separate feature pass.
@@ -338,7 +357,6 @@ def train(
     params = list(objective.parameters())
 
     step = 0
-    resume_from = resolve_resume(tc.resume, out)
     if resume_from is not None:
         accelerator.load_state(str(resume_from))
         step = read_step(resume_from)
@@ -401,7 +419,7 @@ def train(
                 bar.set_postfix(**_bar_fields(metrics))
             if tc.save_every and step % tc.save_every == 0:
                 with throughput.paused():
-                    save_checkpoint(accelerator, out, step, tc.keep_last)
+                    save_checkpoint(accelerator, out, step, tc.keep_last, to_yaml(cfg))
             if tc.stop_after is not None and step >= tc.stop_after:
                 stopped = True
             if stopped or step >= tc.max_steps:
@@ -417,6 +435,7 @@ def train(
         _save_final(accelerator, objective, cfg, target, metrics, out)
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    target.train(target_was_training)  # Medusa-2's objective switched the adapters inside it to train mode
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
 
 

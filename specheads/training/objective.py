@@ -84,6 +84,16 @@ class Medusa2Objective(nn.Module):
     needs_logits = False
     runs_target = True
 
+    def train(self, mode: bool = True) -> Medusa2Objective:
+        """Train mode reaches the heads and the LoRA modules only: the frozen target (also the teacher of the distill
+        loss) stays in eval mode, so its dropout never fires and the teacher pass is deterministic."""
+        super().train(mode)
+        self.adapted.eval()
+        for name, module in self.adapted.named_modules():
+            if name.rsplit(".", 1)[-1].startswith("lora_"):  # peft's lora_A / lora_B / lora_dropout / ...
+                module.train(mode)
+        return self
+
     def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         with torch.no_grad(), self.adapted.disable_adapter():

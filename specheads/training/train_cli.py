@@ -24,12 +24,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _with_resume_flag(overrides: list[str], resume: bool) -> list[str]:
+    """``--resume`` is ``train.resume=auto``; given together with an explicit ``train.resume=...`` it is an error
+    rather than one silently replacing the other."""
+    explicit = [o for o in overrides if o.split("=", 1)[0].strip() == "train.resume"]
+    if resume and explicit:
+        raise ConfigError(
+            f"--resume (train.resume=auto) and {explicit[-1]} were both given; expected one of them. Keep --resume "
+            "to continue from the latest checkpoint in train.output_dir, or the override to resume from that one."
+        )
+    return overrides + (["train.resume=auto"] if resume else [])
+
+
 def train_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overrides = list(args.overrides) + (["train.resume=auto"] if args.resume else [])
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, _with_resume_flag(list(args.overrides), args.resume))
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """Fixtures for training tests: a tiny target saved to disk with SmolLM2's tokenizer, and a small chat file.
 
-The tiny target (hidden 64, 4 layers, SmolLM2's 49k vocabulary and chat template) loads by path in any process,
-so `accelerate launch` tests and resume tests exercise the real loop in seconds. Runs on the real SmolLM2 target
-are reserved for the tests where learning is the point.
+The tiny target (hidden 64, 4 layers, SmolLM2's 49k vocabulary and chat template; a 2-layer variant too) loads by
+path in any process, so `accelerate launch` tests and resume tests exercise the real loop in seconds. Runs on the
+real SmolLM2 target are reserved for the tests where learning is the point.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ def small_chat_file(tmp_path_factory, distill_path) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_target_dir(tmp_path_factory) -> Path:
+def _save_tiny_target(out: Path, num_layers: int) -> Path:
     from specheads.target import builtin_cache_dir, ensure_builtin_converted
 
     ensure_builtin_converted("smollm2-135m-instruct")
@@ -46,13 +45,23 @@ def tiny_target_dir(tmp_path_factory) -> Path:
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=4,
+        num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
     )
-    out = tmp_path_factory.mktemp("tiny-target")
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    return _save_tiny_target(tmp_path_factory.mktemp("tiny-target"), num_layers=4)
+
+
+@pytest.fixture(scope="session")
+def tiny_two_layer_target_dir(tmp_path_factory) -> Path:
+    """The tiny target with 2 layers: fewer than EAGLE-3's default low layer index, and another layer count."""
+    return _save_tiny_target(tmp_path_factory.mktemp("tiny-target-2"), num_layers=2)

@@ -1,19 +1,25 @@
-"""Checkpoint discovery: only folders whose state file was written and renamed count; pruning keeps the last K."""
+"""Checkpoint discovery: only folders whose state file was written and renamed count; pruning keeps the last K;
+a new run never shares an output folder with another run's checkpoints."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from train_helpers import REPO, tiny_overrides
 
 from specheads.training.checkpoint import (
+    CONFIG_FILE,
     STATE_FILE,
     checkpoint_root,
     completed_checkpoints,
     latest_checkpoint,
     prune_checkpoints,
     resolve_resume,
+    save_checkpoint,
 )
+from specheads.training.config import load_config
+from specheads.training.loop import train
 
 
 def _fake(output_dir, name, step=None):
@@ -32,7 +38,6 @@ def test_half_written_checkpoints_are_ignored(tmp_path):
     _fake(tmp_path, ".tmp-step-00000012", step=12)  # killed before the rename
     broken = _fake(tmp_path, "step-00000011")  # no state file
     assert latest_checkpoint(tmp_path).name == "step-00000010"
-    assert resolve_resume("no", tmp_path) is None
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resolve_resume(str(broken), tmp_path)
 
@@ -42,3 +47,32 @@ def test_prune_keeps_the_newest(tmp_path):
         _fake(tmp_path, f"step-{step:08d}", step=step)
     prune_checkpoints(checkpoint_root(tmp_path), keep_last=2)
     assert [p.name for p in completed_checkpoints(tmp_path)] == ["step-00000003", "step-00000004"]
+
+
+def test_a_new_run_refuses_an_output_folder_holding_checkpoints(tiny_target_dir, small_chat_file, tmp_path):
+    """With train.resume=no the new run's low steps would be pruned in favour of the old run's higher ones, and a
+    later train.resume=auto would continue the old run: refuse before anything runs, naming the two ways out."""
+    assert resolve_resume("no", tmp_path) is None
+    _fake(tmp_path, "step-00000004", step=4)
+    _fake(tmp_path, ".tmp-step-00000001", step=1)  # a half-written save alone would not count
+    expected = r"checkpoints already holds checkpoints of a run \(step-00000004\).*train.resume=auto.*train.output_dir"
+    with pytest.raises(ValueError, match=expected):
+        resolve_resume("no", tmp_path)
+    cfg = load_config(
+        REPO / "configs" / "medusa" / "smollm2-135m.yaml", tiny_overrides(tiny_target_dir, small_chat_file, tmp_path)
+    )
+    assert cfg.train.resume == "no"
+    with pytest.raises(ValueError, match=expected):
+        train(cfg)
+    assert [p.name for p in completed_checkpoints(tmp_path)] == ["step-00000004"]
+
+
+def test_a_save_removes_half_written_checkpoints_of_any_step(tmp_path):
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    _fake(tmp_path, ".tmp-step-00000005")  # a save killed half-way at step 5
+    for step in (6, 8):
+        save_checkpoint(accelerator, tmp_path, step, keep_last=1, config_yaml="train:\n  lr: 0.001\n")
+    assert sorted(p.name for p in checkpoint_root(tmp_path).iterdir()) == ["step-00000008"]
+    assert (checkpoint_root(tmp_path) / "step-00000008" / CONFIG_FILE).read_text() == "train:\n  lr: 0.001\n"

@@ -64,6 +64,9 @@ def test_dotted_overrides_apply_and_are_typed():
         ("head.type=hydra", r"head.type='hydra' is not valid"),
         ("features.mode=offline", r"needs features.cache_dir"),
         ("features.extra_cache_dirs=[runs/more]", r"read only with features.mode=offline; found .*'online'"),
+        ("features.cache_dir=runs/features", r"features.cache_dir='runs/features' is read only with features.mode="),
+        ("target.dtype=int8", r"target.dtype='int8' is not valid; expected one of \['float32', 'fp32', 'bfloat16'"),
+        ("train.resume=yes", r"train.resume='True' \(YAML reads a bare yes/on/true as a boolean\).*train.resume=auto"),
     ],
 )
 def test_invalid_configs_fail_with_what_is_valid(override, expected):
@@ -74,6 +77,35 @@ def test_invalid_configs_fail_with_what_is_valid(override, expected):
 def test_mixed_precision_no_survives_yaml_booleans():
     cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["train.mixed_precision=no"])
     assert cfg.train.mixed_precision == "no"
+
+
+@pytest.mark.parametrize("value", ["no", "off", "false", "'no'"])
+def test_resume_no_survives_yaml_booleans(value):
+    assert load_config(CONFIGS / "medusa" / "smollm2-135m.yaml").train.resume == "no"  # the file says `resume: no`
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [f"train.resume={value}"])
+    assert cfg.train.resume == "no"
+
+
+@pytest.mark.parametrize("value, torch_name", [("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32")])
+def test_target_dtype_short_names_become_torch_dtypes(value, torch_name):
+    import torch
+
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [f"target.dtype={value}"])
+    assert cfg.target.dtype == torch_name and isinstance(getattr(torch, cfg.target.dtype), torch.dtype)
+
+
+def test_cli_refuses_resume_flag_with_an_explicit_resume(capsys, monkeypatch):
+    """``--resume`` means train.resume=auto; with an explicit train.resume=PATH it must not silently win."""
+    import specheads.training.loop
+
+    def no_training(cfg):
+        raise AssertionError(f"training started with train.resume={cfg.train.resume}")
+
+    monkeypatch.setattr(specheads.training.loop, "train", no_training)
+    argv = ["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), "train.resume=runs/x/checkpoints/step-00000200"]
+    assert train_main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume (train.resume=auto) and train.resume=runs/x/checkpoints/step-00000200 were both given" in err
 
 
 def test_fp16_on_a_cpu_only_machine_is_an_error_not_a_silent_fp32_run():

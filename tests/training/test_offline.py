@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 import torch
 from train_helpers import REPO, tiny_overrides
 
+from specheads.target import load_target
 from specheads.training.config import load_config
 from specheads.training.data_cli import data_main
 from specheads.training.features import CachedFeatureDataset, open_feature_caches
@@ -70,3 +74,61 @@ def test_caches_of_different_layers_are_refused(tiny_target_dir, small_chat_file
         assert data_main(["cache-features", *args]) == 0
     with pytest.raises(ValueError, match=r"cannot be read together \(layer_ids \[2\] vs \[4\]\)"):
         open_feature_caches([tmp_path / "2" / "train", tmp_path / "4" / "train"])
+
+
+def _cache(target_dir, chats, out, *extra):
+    args = ["--data", str(chats), "--max-length", "64", "--max-samples", "12", "--eval-size", "4", "--dtype", "fp32"]
+    assert data_main(["cache-features", *args, "--target", str(target_dir), "--out-dir", str(out), *extra]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_layer_cache(tiny_target_dir, small_chat_file, tmp_path_factory):
+    """Hidden states 2 and 4 of the 4-layer tiny target: also valid indices for a 2-layer target."""
+    return _cache(tiny_target_dir, small_chat_file, tmp_path_factory.mktemp("cache"), "--layer-ids", "2", "4")
+
+
+def _offline_medusa(target_dir, chats, out, cache, *extra):
+    overrides = tiny_overrides(target_dir, chats, out, max_steps=1, batch_size=2)
+    overrides += ["features.mode=offline", f"features.cache_dir={cache}", *extra]
+    return load_config(REPO / "configs" / "medusa" / "smollm2-135m.yaml", overrides)
+
+
+def test_default_cache_layers_fit_a_two_layer_target(tiny_two_layer_target_dir, small_chat_file, tmp_path):
+    """The default layer ids are EAGLE-3's (clamped to the target's depth) plus the last hidden state."""
+    cache = _cache(tiny_two_layer_target_dir, small_chat_file, tmp_path, "--no-logits")
+    assert CachedFeatureDataset(cache / "train").layer_ids == [0, 1, 2]
+
+
+def test_a_cache_of_another_target_is_refused(
+    tiny_target_dir, tiny_two_layer_target_dir, small_chat_file, four_layer_cache, tmp_path, caplog
+):
+    """Cached features must come from the training target: other shapes are an error (index 2 of a 4-layer target
+    is not the 2-layer target's last hidden state); the same shapes under another name are a warning."""
+    two_layers = _offline_medusa(tiny_two_layer_target_dir, small_chat_file, tmp_path / "a", four_layer_cache)
+    with pytest.raises(ValueError, match=r"written by target .*\(num_hidden_layers 4 vs 2\).*cache-features --target"):
+        train(two_layers)
+
+    renamed, tokenizer = load_target(tiny_target_dir)
+    renamed.config.name_or_path = "a-renamed-copy"
+    with caplog.at_level(logging.WARNING, logger="specheads.training.features"):
+        assert train(
+            _offline_medusa(tiny_target_dir, small_chat_file, tmp_path / "b", four_layer_cache), renamed, tokenizer
+        ).finished
+    assert re.search(
+        r"written by target '.*tiny-target.*' \(llama\) and the training target is 'a-renamed-copy'", caplog.text
+    )
+
+
+def test_offline_training_warns_about_the_data_settings_it_ignores(
+    tiny_target_dir, small_chat_file, four_layer_cache, tmp_path, caplog
+):
+    """Offline training reads the cached samples: data.* settings that differ from the cache's are named."""
+    extra = ["data.max_length=16", "data.paths=[/does/not/exist.jsonl]", "data.max_samples=12", "data.eval_size=4"]
+    cfg = _offline_medusa(tiny_target_dir, small_chat_file, tmp_path, four_layer_cache, *extra)
+    with caplog.at_level(logging.WARNING, logger="specheads.training.features"):
+        assert train(cfg).finished
+    warning = next(r.getMessage() for r in caplog.records if "these settings are ignored" in r.getMessage())
+    assert "data.paths=['/does/not/exist.jsonl'] (cache: [" in warning
+    assert "data.max_length=16 (cache: 64)" in warning
+    assert "max_samples" not in warning and "eval_size" not in warning  # equal to the cache's: not named

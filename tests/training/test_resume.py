@@ -102,3 +102,25 @@ def test_warm_start_continues_from_a_saved_head(tiny_target_dir, small_chat_file
     medusa = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
     with pytest.raises(ValueError, match="holds a 'eagle' head but head.type is 'medusa'"):
         train(load_config(medusa, moved + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "e", **kw)))
+
+
+def test_resume_refuses_settings_the_restored_state_overrides(tiny_target_dir, small_chat_file, tmp_path):
+    """The restored optimizer and scheduler would keep the old learning rate while train_config.yaml and the model
+    card record the new one: such changes are errors; a longer run and another logging cadence are not."""
+    medusa = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+    kw = dict(max_steps=2, batch_size=2, save_every=1, lr=0.01, scheduler="constant", warmup_steps=0)
+
+    def run(*extra, **changes):
+        overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path, **{**kw, **changes})
+        return train(load_config(medusa, ["data.max_samples=16", *overrides, *extra]))
+
+    assert run(stop_after=1).step == 1
+    assert (latest_checkpoint(tmp_path) / "train_config.yaml").is_file()
+    with pytest.raises(ValueError, match=r"differ from the run that wrote it \(train.lr: 0.01 -> 0.1\).*train_config"):
+        run(resume="auto", lr=0.1)
+    with pytest.raises(ValueError, match=r"\(head.options.num_heads: 3 -> 2; train.batch_size: 2 -> 4\)"):
+        run("head.options.num_heads=2", resume="auto", batch_size=4)
+    with pytest.raises(ValueError, match=r"train.max_steps: 2 -> 1 \(it may only grow\)"):
+        run(resume="auto", max_steps=1)
+    longer = run(resume="auto", max_steps=3, log_every=2, eval_every=3, save_every=2, keep_last=1)
+    assert longer.finished and longer.step == 3

@@ -1,0 +1,61 @@
+"""Medusa-2 (heads + LoRA on the target): the frozen target stays frozen in every sense (eval mode, not saved in
+checkpoints), and a run resumed from a checkpoint without it ends where an uninterrupted run does."""
+
+from __future__ import annotations
+
+import safetensors
+import safetensors.torch
+import torch
+from train_helpers import REPO, tiny_overrides
+
+from specheads.target import load_target
+from specheads.training.checkpoint import latest_checkpoint
+from specheads.training.config import load_config
+from specheads.training.loop import train
+
+MEDUSA2 = REPO / "configs" / "medusa2" / "smollm2-135m.yaml"
+
+
+def _run(target_dir, chats, out, **train_kw):
+    """A Medusa-2 run on a fresh copy of the tiny target (LoRA adapters are injected into it in place)."""
+    target, tokenizer = load_target(target_dir)
+    overrides = tiny_overrides(target_dir, chats, out, batch_size=2, **train_kw) + ["data.max_samples=16", "lora.r=4"]
+    return train(load_config(MEDUSA2, overrides), target, tokenizer)
+
+
+def test_medusa2_trains_only_the_adapters_in_train_mode(tiny_target_dir, small_chat_file, tmp_path):
+    """The frozen target is also the distillation teacher: its dropout must stay off (eval mode) while the heads and
+    the LoRA modules train, and the caller's target comes back in the mode it was given in."""
+    target, tokenizer = load_target(tiny_target_dir)
+    assert not target.training
+    seen = []  # (base model in train mode, a LoRA module in train mode) at every forward: teacher, student, eval
+
+    def record(model, args):
+        seen.append((model.training, model.layers[0].self_attn.q_proj.lora_A["default"].training))
+
+    target.model.register_forward_pre_hook(record)
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path, max_steps=2, batch_size=2, eval_every=1)
+    train(load_config(MEDUSA2, overrides + ["data.max_samples=16", "lora.r=4"]), target, tokenizer)
+    assert seen and not any(base for base, _ in seen), seen
+    assert {lora for _, lora in seen} == {True, False}  # the adapters train, and are evaluated in eval mode
+    assert not any(module.training for module in target.modules())
+
+
+def test_medusa2_checkpoints_leave_the_frozen_target_out_and_resume_exactly(tiny_target_dir, small_chat_file, tmp_path):
+    assert _run(tiny_target_dir, small_chat_file, tmp_path / "full", max_steps=2).finished
+    stopped = _run(tiny_target_dir, small_chat_file, tmp_path / "part", max_steps=2, save_every=1, stop_after=1)
+    assert not stopped.finished
+
+    checkpoint = latest_checkpoint(tmp_path / "part")
+    with safetensors.safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert names and all(name.startswith("head.") or ".lora_" in name for name in names), names
+
+    resumed = _run(tiny_target_dir, small_chat_file, tmp_path / "part", max_steps=2, save_every=1, resume="auto")
+    assert resumed.finished and resumed.step == 2
+    for part in ("model.safetensors", "lora/adapter_model.safetensors"):
+        expected = safetensors.torch.load_file(str(tmp_path / "full" / part))
+        found = safetensors.torch.load_file(str(tmp_path / "part" / part))
+        assert expected.keys() == found.keys()
+        for name in expected:
+            torch.testing.assert_close(found[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
