@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.bench.methods import Method, hf_method, specheads_method
 from specheads.bench.questions import (
+    Question,
     find_default_questions,
     held_out_questions,
     load_questions,
@@ -170,7 +171,13 @@ def build_methods(
         methods.append(hf_method("hf-prompt-lookup", target, description=label, prompt_lookup_num_tokens=n))
     if "hf-assisted" in settings.methods:
         if settings.assistant:
-            assistant, label = load_head(settings.assistant, target).model, settings.assistant
+            trained = load_head(settings.assistant, target)
+            if trained.head_type != "draft_model":
+                raise ValueError(
+                    f"--assistant {settings.assistant} is a head of type {trained.head_type!r}; transformers' assisted "
+                    "generation needs a draft model (a small causal LM, type 'draft_model'); pass this one with --head"
+                )
+            assistant, label = trained.model, settings.assistant
         else:
             assistant = DraftModel.from_target(target, settings.assistant_layers).model.to(target.device).eval()
             label = f"first {settings.assistant_layers} target layers (untrained)"
@@ -256,18 +263,19 @@ def _specheads(
 
 
 def calibration_prompts(
-    tokenizer: PreTrainedTokenizerBase, count: int, device: torch.device, held_out: list[str]
-) -> tuple[list[torch.Tensor], str]:
+    tokenizer: PreTrainedTokenizerBase, count: int, device: torch.device, held_out: list[Question]
+) -> tuple[list[torch.Tensor], str, list[int]]:
     """Prompts for ``--tree auto``: Spec-Bench questions that are not measured (``held_out``), else user turns from
     the committed self-distilled data. The heads were trained on that data, so it overstates their acceptance (EAGLE-3:
     expected tau 1.43 there, 1.29 measured on Spec-Bench); held-out questions from the benchmark's own distribution
-    do not. Returns the prompts and where they came from."""
-    texts, source = held_out[:count], "held-out Spec-Bench questions (not measured)"
+    do not. Returns the prompts, where they came from, and the ids of the questions used (none for the data)."""
+    used = held_out[:count]
+    texts, source = [q.prompt for q in used], "held-out Spec-Bench questions (not measured)"
     if len(texts) < count and DEFAULT_CALIBRATION_DATA.is_file():
-        source = f"{DEFAULT_CALIBRATION_DATA.name} (training data)"
+        used, source = [], f"{DEFAULT_CALIBRATION_DATA.name} (training data)"
         with DEFAULT_CALIBRATION_DATA.open() as f:
             texts = [json.loads(line)["messages"][0]["content"] for line, _ in zip(f, range(count))]
-    return [render_prompt(tokenizer, t, device)[0] for t in texts], source
+    return [render_prompt(tokenizer, t, device)[0] for t in texts], source, [q.question_id for q in used]
 
 
 def run_bench(
@@ -287,8 +295,8 @@ def run_bench(
     questions = select_per_category(every_question, settings.per_category, settings.categories)
     prompts = [(q, render_prompt(tokenizer, q.prompt, device)) for q in questions]
     held_out = held_out_questions(every_question, questions, settings.calibration_prompts)
-    calibration, calibration_source = calibration_prompts(
-        tokenizer, settings.calibration_prompts, device, [q.prompt for q in held_out]
+    calibration, calibration_source, calibration_ids = calibration_prompts(
+        tokenizer, settings.calibration_prompts, device, held_out
     )
     methods = build_methods(settings, target, tokenizer, calibration, calibration_source)
     records = run_benchmark(
@@ -304,7 +312,7 @@ def run_bench(
         "transformers": __import__("transformers").__version__,
     }
     if settings.heads and "auto" in (settings.trees or ["auto"]):
-        config["calibration"] = {"source": calibration_source, "question_ids": [q.question_id for q in held_out]}
+        config["calibration"] = {"source": calibration_source, "question_ids": calibration_ids}
     report = aggregate(records, methods, config)
     return report, write_report(report, settings.out)
 

@@ -9,9 +9,8 @@ user would run them; specheads methods report their own ``GenerationStats``.
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,16 +93,38 @@ class ForwardTimer:
 
 
 def generation_config_for(model: PreTrainedModel, max_new_tokens: int, temperature: float) -> GenerationConfig:
-    """The target's generation config with the benchmark's sampling: greedy at T=0, else pure temperature sampling
-    over the full vocabulary (no top-k/top-p, which specheads applies only when asked)."""
-    config = copy.deepcopy(model.generation_config)
-    config.max_new_tokens = max_new_tokens
-    config.do_sample = temperature > 0
-    config.temperature = temperature if temperature > 0 else 1.0
-    config.top_k, config.top_p = (0 if temperature > 0 else None), (1.0 if temperature > 0 else None)
-    if config.pad_token_id is None:
-        config.pad_token_id = config.eos_token_id
-    return config
+    """The benchmark's sampling with the target's special tokens only: greedy at T=0, else pure temperature sampling
+    over the full vocabulary (no top-k/top-p, which specheads applies only when asked). Nothing else from the
+    target's own generation config (repetition_penalty, no_repeat_ngram_size, min_p, beams...) carries over: the
+    speculative loop applies none of it, so every method decodes the same distribution."""
+    own = model.generation_config
+    eos = own.eos_token_id if own is not None else model.config.eos_token_id
+    pad = own.pad_token_id if own is not None else None
+    if pad is None:
+        pad = eos[0] if isinstance(eos, list) else eos  # Llama-3 style: several EOS ids, no pad
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_k=0 if temperature > 0 else None,
+        top_p=1.0 if temperature > 0 else None,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=own.bos_token_id if own is not None else None,
+    )
+
+
+@contextlib.contextmanager
+def only_this_config(model: PreTrainedModel, config: GenerationConfig) -> Iterator[None]:
+    """Make ``config`` the model's own generation config while ``generate`` runs. ``generate`` fills every field of
+    a passed config that is at the library default with the model's own value, so a target shipping
+    ``repetition_penalty=1.1`` would otherwise have it applied to the baselines and not to the speculative loop."""
+    own = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 def hf_method(
@@ -124,7 +145,7 @@ def hf_method(
         kwargs = {} if assistant is None else {"assistant_model": assistant}
         torch.manual_seed(seed)
         drafter = ForwardTimer(assistant) if assistant is not None else None
-        with ForwardTimer(target) as verify, drafter or contextlib.nullcontext():
+        with ForwardTimer(target) as verify, drafter or contextlib.nullcontext(), only_this_config(target, config):
             start = time.perf_counter()
             out = target.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs

@@ -32,7 +32,7 @@ from specheads.decoding.backoff import DraftBackoff
 from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
 from specheads.decoding.kv_cache import commit_path
-from specheads.decoding.sampling import sample_from_probs
+from specheads.decoding.sampling import sample_from_probs, warn_unapplied_generation_settings
 from specheads.decoding.tree import ancestor_matrix
 from specheads.decoding.verify import select_rows, verify_tree
 
@@ -142,6 +142,7 @@ class SpeculativeGenerator:
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
         self.window = sliding_window(DynamicCache(config=target.config))  # 0: every layer sees the whole prefix
+        warn_unapplied_generation_settings(target)
         eos = target.generation_config.eos_token_id if target.generation_config is not None else None
         eos = tokenizer.eos_token_id if eos is None else eos
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}

@@ -9,8 +9,11 @@ Leviathan et al. 2023, https://arxiv.org/abs/2211.17192 (section 3, "standardize
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import Tensor
+from transformers import PreTrainedModel
 
 
 def warp_logits_to_probs(
@@ -61,3 +64,40 @@ def sample_from_probs(probs: Tensor, generator: torch.Generator | None = None) -
     """One token from a (possibly unnormalised) distribution. One device sync: the caller needs a Python int.
     A `generator` must live on the same device as `probs` (torch's rule for `multinomial`)."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+UNAPPLIED_GENERATION_SETTINGS = {
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "min_p": None,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "num_beams": 1,
+}
+"""Logits processors of a target's generation config that the speculative loop does not apply, and their neutral
+values. ``top_k``, ``top_p`` and ``temperature`` are arguments of ``generate`` instead."""
+
+
+def warn_unapplied_generation_settings(target: PreTrainedModel) -> None:
+    """Warn when the target's generation config asks for logits processing that the speculative loop skips."""
+    config = target.generation_config
+    if config is None:
+        return
+    found = {
+        key: getattr(config, key)
+        for key, neutral in UNAPPLIED_GENERATION_SETTINGS.items()
+        if getattr(config, key, neutral) not in (neutral, None)
+    }
+    if found:
+        warnings.warn(
+            f"the target's generation config sets {found}, which speculative decoding does not apply: outputs follow "
+            "the model's own distribution, as transformers' generate does with these at their defaults (and "
+            "`specheads bench` runs its baselines that way). Clear them from model.generation_config to silence this",
+            stacklevel=3,
+        )

@@ -14,13 +14,16 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
+from specheads.heads.base import WEIGHTS_NAME
 from specheads.heads.card import base_model_id
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleDrafter
+from specheads.heads.hub import HubError
 from specheads.heads.interop import ENGINES, ExportError, export_head
-from specheads.heads.load import load_head, read_head_config
+from specheads.heads.load import LORA_DIR, load_head, read_head_config, resolve_head_folder
 
 DTYPES = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -35,20 +38,44 @@ def export_main(argv: list[str] | None = None) -> int:
         "--target", default=None, help="the target model (default: the one recorded in the head's config.json)"
     )
     args = parser.parse_args(argv)
-    from specheads.target import load_target
+    from specheads.target import TargetLoadError, load_target
 
     try:
-        target_name = args.target or read_head_config(Path(args.head))["config"]["target"]["name_or_path"]
+        folder = resolve_head_folder(args.head)
+        if (folder / LORA_DIR).is_dir():
+            raise ExportError(
+                f"{args.head} is a Medusa-2 head: its heads were trained with the LoRA adapter in {LORA_DIR}/, and an "
+                "engine would serve them beside the plain target. Merge the adapter into a copy of the target "
+                "(peft's merge_and_unload), serve that copy, and export the heads without the lora/ folder"
+            )
+        target_name = args.target or read_head_config(folder)["config"]["target"]["name_or_path"]
+        if not target_name:
+            raise ExportError(f"{args.head} does not record its target's name (it was built in code): pass --target")
         target, tokenizer = load_target(target_name, check_tree_attention=False)
-        head = load_head(args.head, target)
-        files = export_head(head, target, args.out, engine=args.engine, dtype=DTYPES[args.dtype], tokenizer=tokenizer)
-    except (ExportError, HeadConfigError, HeadLoadError, FileNotFoundError, KeyError) as err:
+        head = load_head(folder, target)
+        dtype = DTYPES[args.dtype] or saved_dtype(folder)  # keep: the dtype the head was saved in
+        files = export_head(head, target, args.out, engine=args.engine, dtype=dtype, tokenizer=tokenizer)
+    except (ExportError, HeadConfigError, HeadLoadError, HubError, TargetLoadError, FileNotFoundError, KeyError) as err:
         print(f"specheads export: {err}", file=sys.stderr)
         return 2
     usage = serve_instructions(head, args.engine, base_model_id(target_name) or target_name, args.out)
     (Path(args.out) / "README.md").write_text(usage)
     print(f"wrote {args.out}: {', '.join(files)}\n\n{usage}")
     return 0
+
+
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def saved_dtype(folder: Path) -> torch.dtype | None:
+    """The floating dtype of a saved head's weights (heads load in the target's dtype, which may differ), or None
+    when the folder has no specheads weights file (an imported checkpoint keeps the dtype it loads in)."""
+    path = folder / WEIGHTS_NAME
+    if not path.is_file():
+        return None
+    with safe_open(str(path), "pt") as f:
+        kinds = {f.get_slice(name).get_dtype() for name in f.keys()}
+    return next((SAFETENSORS_DTYPES[k] for k in ("BF16", "F16", "F32") if k in kinds), None)
 
 
 def serve_instructions(head: object, engine: str, target_name: str, out: str) -> str:

@@ -76,6 +76,46 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_baselines_decode_the_models_own_distribution(tiny_llama):
+    """transformers' methods run without the target's own logits processing (repetition penalty, n-gram blocking:
+    the speculative loop applies none, and warns), so at T=0 they match specheads; several EOS ids and no pad id
+    (Llama-3 style) work; the target's generation config is left as it was."""
+    from specheads.bench.methods import hf_method, specheads_method
+    from tests.decoding.helpers import TinyTokenizer
+
+    own = tiny_llama.generation_config
+    own.repetition_penalty, own.no_repeat_ngram_size = 1.3, 2
+    own.eos_token_id, own.pad_token_id = [126, 127], None
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(1))
+    with pytest.warns(UserWarning, match="which speculative decoding does not apply"):
+        loop = specheads_method("specheads-plain", tiny_llama, TinyTokenizer(), None, "greedy")
+    expected = loop.run(ids, 24, 0.0, 0).token_ids
+    for method in (hf_method("generate", tiny_llama), hf_method("pl", tiny_llama, prompt_lookup_num_tokens=4)):
+        assert method.run(ids, 24, 0.0, 0).token_ids == expected
+    assert tiny_llama.generation_config is own and own.repetition_penalty == 1.3
+
+
+def test_assistant_must_be_a_draft_model(tiny_llama, tmp_path):
+    from specheads.bench.cli import build_methods
+    from specheads.heads import EagleConfig, EagleDrafter
+
+    EagleDrafter(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "eagle")
+    settings = BenchSettings(methods=["hf-assisted"], assistant=str(tmp_path / "eagle"))
+    with pytest.raises(ValueError, match="is a head of type 'eagle'; transformers' assisted generation needs a draft"):
+        build_methods(settings, tiny_llama, None, [])
+
+
+def test_calibration_names_only_the_questions_it_used(smollm2):
+    from specheads.bench.cli import calibration_prompts
+
+    _, tokenizer = smollm2
+    held_out = [Question(81, "mt_bench", "Write one sentence about the sea.")]
+    prompts, source, ids = calibration_prompts(tokenizer, 1, torch.device("cpu"), held_out)
+    assert len(prompts) == 1 and ids == [81] and source.startswith("held-out")
+    prompts, source, ids = calibration_prompts(tokenizer, 3, torch.device("cpu"), held_out)  # too few: the data
+    assert len(prompts) == 3 and ids == [] and "training data" in source
+
+
 def stub(name: str, tokens: list[int], seconds: float, forwards: int, lossless: bool = True) -> Method:
     def run(input_ids, max_new_tokens, temperature, seed):
         return MethodRun(list(tokens), seconds, forwards, accepted_lengths=[1] * (forwards - 1))

@@ -298,6 +298,25 @@ def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
     assert main(["export", str(tmp_path / "medusa"), str(tmp_path / "out"), "--engine", "sglang"]) == 2
     assert "vLLM only" in capsys.readouterr().err
 
+    # --dtype keep (the default) keeps the dtype the head was saved in, although it loads in the target's float32
+    head.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert main(["export", str(tmp_path / "bf16"), str(tmp_path / "bf16-vllm")]) == 0
+    weights = safetensors.torch.load_file(tmp_path / "bf16-vllm" / "model.safetensors")
+    assert weights["fc.weight"].dtype == torch.bfloat16 and weights["d2t"].dtype == torch.int64
+    capsys.readouterr()
+    # a Medusa-2 head's adapter would be silently left behind: refused
+    (tmp_path / "medusa" / "lora").mkdir()
+    (tmp_path / "medusa" / "lora" / "adapter_config.json").write_text("{}")
+    assert main(["export", str(tmp_path / "medusa"), str(tmp_path / "m2")]) == 2
+    assert "is a Medusa-2 head" in capsys.readouterr().err and not (tmp_path / "m2").exists()
+    # a head that does not record its target (built in code) asks for --target instead of loading "" (the cwd)
+    config_path = tmp_path / "head" / "config.json"
+    meta = json.loads(config_path.read_text())
+    meta["config"]["target"]["name_or_path"] = ""
+    config_path.write_text(json.dumps(meta))
+    assert main(["export", str(tmp_path / "head"), str(tmp_path / "unnamed")]) == 2
+    assert "does not record its target's name (it was built in code): pass --target" in capsys.readouterr().err
+
 
 def test_a_drafter_layer_that_is_not_llama_is_refused(tmp_path):
     """Qwen2's attention has q/k/v biases, which the engines' Llama drafter layer lacks."""
