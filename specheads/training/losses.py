@@ -265,9 +265,11 @@ def eagle3_ttt_loss(
 
     Step j at position t reads token t+1+j (id ``t+j``) and the drafter's own hidden output of step j-1 at t (the
     fused target feature at step 0), and predicts token t+2+j: soft CE against the target's distribution at t+1+j
-    restricted to the draft vocabulary, weighted ``decay**j``. As in EAGLE-3, a position counts only where the
-    target's greedy token lies inside the draft vocabulary. features (B, T, H) fused; ``target`` the target's
-    distribution over its full vocabulary at all T positions; ``d2t`` (Vd,) / ``t2d`` (V,) map draft <-> target ids.
+    restricted to the draft vocabulary, weighted ``decay**j``. As in EAGLE-3, the loss counts a position only where
+    the target's greedy token lies inside the draft vocabulary; the acceptance statistics ``top1/step*`` count every
+    trained position, those outside as misses, since decoding can never propose them. features (B, T, H) fused;
+    ``target`` the target's distribution over its full vocabulary at all T positions; ``d2t`` (Vd,) / ``t2d`` (V,)
+    map draft <-> target ids.
     """
     batch, length = input_ids.shape
     span = length - 1  # positions t = 0 .. T-2 have a next token at step 0
@@ -281,12 +283,8 @@ def eagle3_ttt_loss(
         ids = shift_left(input_ids, 1 + j)[:, :span]
         mask = ttt_attention_mask(attention_mask[:, :span], j, hidden.dtype)
         hidden, _ = drafter(hidden, ids, positions + j, attention_mask=mask, cache=cache, with_logits=False)
-        in_range = positions + 1 + j < length
-        valid = (
-            in_range
-            & shift_left(loss_mask, 1 + j)[:, :span].bool()
-            & (shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span] >= 0)
-        )
+        trained = (positions + 1 + j < length) & shift_left(loss_mask, 1 + j)[:, :span].bool()
+        valid = trained & (shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span] >= 0)
         # The inputs are the data's tokens, not the drafter's guesses, so logits are needed only where a loss is
         # taken: the draft lm_head on the valid rows (N, Vd) instead of every (padded) position.
         logits = drafter.logits(hidden[valid])  # (N, Vd)
@@ -298,5 +296,7 @@ def eagle3_ttt_loss(
         loss = loss + decay**j * step_loss
         hits = logits.argmax(-1) == shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span][valid]
         stats[f"loss/step{j + 1}"] = torch.stack([step_loss.detach(), step_loss.new_ones(())])
-        stats[f"top1/step{j + 1}"] = torch.stack([hits.sum().float(), valid.sum().float()])
+        # acceptance over every trained position: a token outside the draft vocabulary can never be proposed, so it
+        # counts as a miss (only the loss leaves it out)
+        stats[f"top1/step{j + 1}"] = torch.stack([hits.sum().float(), trained.sum().float()])
     return loss, stats
