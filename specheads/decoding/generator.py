@@ -221,11 +221,12 @@ class SpeculativeGenerator:
                 req.stats.stop_reason = "context_full"  # not even the root has a position left
                 break
             ancestors = _ancestors(tree)
-            deep = self.max_context and prefix_len + _depth(ancestors) >= self.max_context
+            depth = int(ancestors.sum(dim=1).max()) - 1  # of the deepest node; the root is depth 0
+            deep = self.max_context and prefix_len + depth >= self.max_context
             if deep or (self.window and prefix_len + tree.num_nodes > self.window):
                 # near the end of the context (or of a sliding window, which must hold every node): the root alone
                 tree = root_only_tree(req.root, device)
-                ancestors = _ancestors(tree)
+                ancestors, depth = _ancestors(tree), 0
             # 2. verify: one target forward over every node
             sync()  # on a GPU, wait for queued kernels so that each phase's time is its own
             t1 = time.perf_counter()
@@ -236,7 +237,7 @@ class SpeculativeGenerator:
             t2 = time.perf_counter()
             result = self.accept(rule, tree, verification.logits, sampling, req.generator)
             path = torch.tensor(result.path, device=tree.tokens.device)
-            req.stats.record_step(_depth(ancestors), len(result.path) - 1)
+            req.stats.record_step(depth, len(result.path) - 1)
             # 4. commit: keep the path in the target cache, tell the drafter what the target saw
             commit_path(req.cache, prefix_len, path)
             fed_tokens = tree.tokens[path]
@@ -369,11 +370,6 @@ class SpeculativeGenerator:
 
 def _ancestors(tree: DraftTree) -> torch.Tensor:
     return tree.structure.ancestors if tree.structure is not None else ancestor_matrix(tree.parents)
-
-
-def _depth(ancestors: torch.Tensor) -> int:
-    """Depth of the deepest node (the root is depth 0), from the (n, n) ancestor-or-self matrix."""
-    return int(ancestors.sum(dim=1).max()) - 1
 
 
 def sliding_window(cache: DynamicCache) -> int:
