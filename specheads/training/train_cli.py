@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from specheads.training.config import ConfigError, load_config
+from specheads.training.config import ConfigError, TrainConfig, load_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,23 +24,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _with_resume_flag(overrides: list[str], resume: bool) -> list[str]:
-    """``--resume`` is ``train.resume=auto``; given together with an explicit ``train.resume=...`` it is an error
-    rather than one silently replacing the other."""
+def _apply_resume_flag(cfg: TrainConfig, overrides: list[str], resume: bool) -> None:
+    """``--resume`` is ``train.resume=auto``. Given together with a checkpoint named by ``train.resume`` (an override
+    or the YAML file) it is an error rather than one silently replacing the other."""
+    if not resume:
+        return
     explicit = [o for o in overrides if o.split("=", 1)[0].strip() == "train.resume"]
-    if resume and explicit:
+    if explicit:
         raise ConfigError(
             f"--resume (train.resume=auto) and {explicit[-1]} were both given; expected one of them. Keep --resume "
             "to continue from the latest checkpoint in train.output_dir, or the override to resume from that one."
         )
-    return overrides + (["train.resume=auto"] if resume else [])
+    if cfg.train.resume not in ("no", "auto"):
+        raise ConfigError(
+            f"--resume (train.resume=auto) was given, but the config file sets train.resume={cfg.train.resume!r}; "
+            "expected one of them. Drop --resume to resume from that checkpoint, or pass train.resume=auto to "
+            "continue from the latest checkpoint in train.output_dir instead."
+        )
+    cfg.train.resume = "auto"
 
 
 def train_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config, _with_resume_flag(list(args.overrides), args.resume))
+        cfg = load_config(args.config, list(args.overrides))
+        _apply_resume_flag(cfg, list(args.overrides), args.resume)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,35 @@ def test_cli_refuses_resume_flag_with_an_explicit_resume(capsys, monkeypatch):
     assert train_main([*argv, "--resume"]) == 2
     err = capsys.readouterr().err
     assert "--resume (train.resume=auto) and train.resume=runs/x/checkpoints/step-00000200 were both given" in err
+
+
+def test_cli_refuses_resume_flag_with_a_checkpoint_named_in_the_yaml_file(tmp_path, capsys, monkeypatch):
+    """A ``resume:`` path inside the config file must not be replaced silently by ``--resume`` either; a file that
+    says ``resume: auto`` or nothing resumes as asked."""
+    import specheads.training.loop
+
+    seen = []
+
+    def record(cfg):
+        seen.append(cfg.train.resume)
+        return types.SimpleNamespace(finished=False)
+
+    monkeypatch.setattr(specheads.training.loop, "train", record)
+    text = (CONFIGS / "medusa" / "smollm2-135m.yaml").read_text()
+    assert "resume:" not in text
+    named = tmp_path / "named.yaml"
+    named.write_text(text.replace("train:\n", "train:\n  resume: runs/x/checkpoints/step-00000200\n", 1))
+    assert train_main(["--config", str(named), "--resume"]) == 2
+    assert "the config file sets train.resume='runs/x/checkpoints/step-00000200'" in capsys.readouterr().err
+    assert seen == []
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(text)
+    auto = tmp_path / "auto.yaml"
+    auto.write_text(text.replace("train:\n", "train:\n  resume: auto\n", 1))
+    assert train_main(["--config", str(plain), "--resume"]) == 0
+    assert train_main(["--config", str(auto), "--resume"]) == 0
+    assert seen == ["auto", "auto"]
 
 
 def test_fp16_on_a_cpu_only_machine_is_an_error_not_a_silent_fp32_run():
