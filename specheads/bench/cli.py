@@ -32,10 +32,12 @@ from specheads.decoding.drafters import (
     auto_drafter,
     auto_tree_cache_path,
     fixed_drafter,
+    parse_solo_length,
     prompt_lookup_drafter,
     remember_tree,
     with_lookup_branch,
 )
+from specheads.target import cache_root
 
 BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "specheads-plain")
 """Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads.
@@ -128,12 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _solo_length(value: str) -> int | str:
-    if value == "auto":
-        return value
     try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an n-gram length (2 or 3) or 'auto', got {value!r}") from None
+        return parse_solo_length(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
@@ -203,17 +203,14 @@ def build_methods(
             )
         head = load_head(head_dir, target).to(target.device).eval()
         tree = trees[i if len(trees) > 1 else 0]
+        priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
         if tree == "auto":
             if curve is None:
-                from specheads.target import cache_root
-
                 curve = load_or_measure_cost_curve(target, cache_root())
                 relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
                 print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
             spec = auto_drafter(head, target, tokenizer, curve, calibration)
             assert spec.auto is not None
-            cached_as = auto_tree_cache_path(cache_root(), head_dir, target)
-            remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}")
         else:
             spec = fixed_drafter(head, tree)
         name = f"specheads-{Path(head_arg).name}"
@@ -242,6 +239,11 @@ def build_methods(
             methods.append(
                 _specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, curve_used)
             )
+            if settings.lookup_solo == "auto":
+                priced[settings.lookup_branch] = solo.drafter.solo_ngram
+        if tree == "auto":  # what generate --tree auto [--lookup-solo auto] reuses on this device
+            cached_as = auto_tree_cache_path(cache_root(), head_dir, target)
+            remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}", priced)
     return methods
 
 

@@ -8,7 +8,8 @@ name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D`` 
 tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes kept).
 No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter;
 ``--lookup-branch N`` adds up to N prompt-lookup tokens to the head's tree (``specheads.decoding.lookup_branch``);
-``--lookup-solo M`` with it proposes the lookup chain alone on steps whose match is at least M tokens.
+``--lookup-solo M`` with it proposes the lookup chain alone on steps whose match is at least M tokens (``auto``, with
+``--tree auto``: the length the cost model prices best, cached with the tree).
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ import torch
 from transformers import HfArgumentParser
 
 from specheads.decoding.draft import PromptLookupDrafter
-from specheads.decoding.drafters import DrafterSpec, auto_tree_drafter, fixed_drafter, with_lookup_branch
+from specheads.decoding.drafters import (
+    DrafterSpec,
+    auto_tree_drafter,
+    fixed_drafter,
+    parse_solo_length,
+    with_lookup_branch,
+)
 from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
 
 
@@ -58,11 +65,12 @@ class GenerateArgs:
             "that repeats the prompt, not under sampling: docs/results.md)"
         },
     )
-    lookup_solo: int | None = field(
+    lookup_solo: str | None = field(
         default=None,
         metadata={
             "help": "with --lookup-branch: on steps whose lookup match is at least N tokens (2 or 3), propose the "
-            "lookup chain alone and let the head sit out"
+            "lookup chain alone and let the head sit out; auto (with --tree auto): N, or never, as the cost model "
+            "prices it on the calibration run (cached with the tree)"
         },
     )
 
@@ -79,6 +87,16 @@ def generate_main(argv: list[str] | None = None) -> int:
         )
     if args.lookup_solo is not None and not args.lookup_branch:
         parser.error(f"--lookup-solo {args.lookup_solo} needs --lookup-branch N: it is a variant of the branch")
+    if args.lookup_solo is not None:
+        try:
+            args.lookup_solo = parse_solo_length(args.lookup_solo)
+        except ValueError as error:
+            parser.error(f"--lookup-solo: {error}")
+        if args.lookup_solo == "auto" and args.tree != "auto":
+            parser.error(
+                f"--lookup-solo auto is priced on the auto tree's calibration: it needs --tree auto, got --tree "
+                f"{args.tree or '(default)'}; or give the length (2 or 3)"
+            )
     if (args.tree is not None or args.recalibrate) and not args.head:
         parser.error(f"--tree {args.tree} and --recalibrate need --head: they set how a head drafts")
     if args.acceptance == "greedy" and args.temperature > 0:
@@ -101,7 +119,17 @@ def generate_main(argv: list[str] | None = None) -> int:
         target = load_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
         head = load_head(head_dir, target)
         if args.tree == "auto":
-            spec = auto_tree_drafter(head, head_dir, target, tokenizer, cache_root(), args.recalibrate, log=_stderr)
+            spec = auto_tree_drafter(
+                head,
+                head_dir,
+                target,
+                tokenizer,
+                cache_root(),
+                args.recalibrate,
+                log=_stderr,
+                lookup_branch=args.lookup_branch,
+                lookup_solo=args.lookup_solo,
+            )
         else:
             try:
                 spec = fixed_drafter(head, args.tree)
@@ -112,12 +140,11 @@ def generate_main(argv: list[str] | None = None) -> int:
                     "note: the default EAGLE tree (60 nodes) is sized for a GPU; on a CPU, verifying it costs ~3x a "
                     "plain step here, so it may be slower than plain decoding. --tree auto sizes it for this machine"
                 )
-        spec.tree = f"{spec.tree}{_branch_text(args)}"
-        if args.lookup_branch:
-            try:
-                spec.drafter = with_lookup_branch(spec, args.lookup_branch, args.lookup_solo).drafter
-            except ValueError as error:
-                parser.error(f"--lookup-solo: {error}")
+            if args.lookup_branch:
+                try:
+                    spec = with_lookup_branch(spec, args.lookup_branch, args.lookup_solo)
+                except ValueError as error:
+                    parser.error(f"--lookup-solo: {error}")
     drafter = spec.drafter
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
@@ -140,13 +167,6 @@ def generate_main(argv: list[str] | None = None) -> int:
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)  # stdout carries only the generated text
-
-
-def _branch_text(args: GenerateArgs) -> str:
-    branch = f" + lookup branch of {args.lookup_branch}" if args.lookup_branch else ""
-    if args.lookup_solo is not None:
-        branch += f", alone on {args.lookup_solo}-gram matches"
-    return branch
 
 
 def describe(spec: DrafterSpec, args: GenerateArgs) -> str:

@@ -162,7 +162,7 @@ def with_lookup_branch(spec: DrafterSpec, num_tokens: int, solo_ngram: int | str
     branch = f" + lookup branch (up to {num_tokens} tokens, n-gram >= {DEFAULT_LOOKUP_MIN_NGRAM}"
     if spec.drafter is None:
         drafter = PromptLookupDrafter(num_tokens, min_ngram=DEFAULT_LOOKUP_MIN_NGRAM, max_ngram=LOOKUP_MAX_NGRAM)
-        return DrafterSpec(drafter, f"no head tree{branch})", spec.auto)
+        return DrafterSpec(drafter, f"{spec.tree}; no head tree{branch})", spec.auto)
     narrow = "; where it proposes, only the head's first-choice path beside it"
     solo = "" if solo_ngram is None else f"; alone, without the head, on {solo_ngram}-gram or longer matches"
     if solo_ngram == "auto":
@@ -214,21 +214,48 @@ def auto_tree_cache_path(cache_dir: str | os.PathLike, head_dir: str | os.PathLi
     return Path(cache_dir) / "auto_trees" / f"{name}.json"
 
 
-def remember_tree(path: Path, choice: TreeChoice, calibrated_on: str) -> None:
-    """Cache a chosen tree; written to a temporary name and renamed, so a reader never sees half a file."""
+def parse_solo_length(value: str) -> int | str:
+    """``--lookup-solo`` on the command line: an n-gram length or ``auto``."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"expected an n-gram length (2 or 3) or 'auto', got {value!r}") from None
+
+
+def remember_tree(
+    path: Path, choice: TreeChoice, calibrated_on: str, lookup_solo: dict[int, int | None] | None = None
+) -> None:
+    """Cache a chosen tree, and the solo lengths priced for it per lookup-branch size (``--lookup-solo auto``);
+    written to a temporary name and renamed, so a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"choice": asdict(choice), "calibrated_on": calibrated_on, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    record = {
+        "choice": asdict(choice),
+        "calibrated_on": calibrated_on,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "lookup_solo": {str(tokens): ngram for tokens, ngram in (lookup_solo or {}).items()},
+    }
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(json.dumps(record, indent=2))
     os.replace(partial, path)
 
 
-def cached_tree(path: Path) -> tuple[TreeChoice, str] | None:
-    """A cached choice and what it was calibrated on, or None when there is none (or it cannot be read)."""
+@dataclass
+class CachedTree:
+    choice: TreeChoice
+    calibrated_on: str
+    lookup_solo: dict[int, int | None]  # lookup-branch size -> the solo n-gram length priced for it (None: never)
+
+
+def cached_tree(path: Path) -> CachedTree | None:
+    """A cached choice, what it was calibrated on and the solo lengths priced for it, or None when there is none
+    (or it cannot be read)."""
     try:
         record = json.loads(path.read_text())
-        return TreeChoice(**record["choice"]), str(record.get("calibrated_on", "?"))
-    except (OSError, ValueError, KeyError, TypeError):
+        solo = {int(tokens): None if n is None else int(n) for tokens, n in record.get("lookup_solo", {}).items()}
+        return CachedTree(TreeChoice(**record["choice"]), str(record.get("calibrated_on", "?")), solo)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -240,18 +267,36 @@ def auto_tree_drafter(
     cache_dir: str | os.PathLike,
     recalibrate: bool = False,
     log: Any = print,
+    lookup_branch: int = 0,
+    lookup_solo: int | str | None = None,
 ) -> DrafterSpec:
-    """The ``auto`` tree for a saved head: cached, or calibrated on ``BUILTIN_CALIBRATION_PROMPTS`` and cached.
+    """The ``auto`` tree for a saved head: cached, or calibrated on ``BUILTIN_CALIBRATION_PROMPTS`` and cached;
+    with ``lookup_branch`` > 0, with that lookup branch (``with_lookup_branch``). ``lookup_solo="auto"`` is priced on
+    the calibration run and cached with the tree per branch size; a cached tree without that price is calibrated
+    again (its calibration run is not kept).
 
     ``log`` receives one line per stage (the cost curve and the calibration take a while on first use)."""
     path = auto_tree_cache_path(cache_dir, head_dir, target)
     cached = None if recalibrate else cached_tree(path)
+    if cached is not None and lookup_branch and lookup_solo == "auto" and lookup_branch not in cached.lookup_solo:
+        log(f"auto tree: the cached tree has no lookup-alone length priced for a {lookup_branch}-token branch")
+        cached = None
     if cached is not None:
-        choice, source = cached
+        choice = cached.choice
         note = "" if choice.num_nodes else ", plain decoding"
-        return DrafterSpec(
-            drafter_for_choice(head, choice), f"auto, cached from {source}: {choice.describe()}{note}", choice
+        spec = DrafterSpec(
+            drafter_for_choice(head, choice),
+            f"auto, cached from {cached.calibrated_on}: {choice.describe()}{note}",
+            choice,
         )
+        if not lookup_branch:
+            return spec
+        solo = cached.lookup_solo[lookup_branch] if lookup_solo == "auto" else lookup_solo
+        branched = with_lookup_branch(spec, lookup_branch, solo)
+        if lookup_solo == "auto" and spec.drafter is not None:
+            chosen = "never" if solo is None else f"on {solo}-gram or longer matches"
+            branched.tree += f"; lookup alone: auto, cached ({chosen})"
+        return branched
     log(f"auto tree: timing the target on {device_label(target.device)} (cached after the first run)")
     curve = load_or_measure_cost_curve(target, Path(cache_dir))
     encode = SpeculativeGenerator(target, tokenizer).encode
@@ -259,7 +304,11 @@ def auto_tree_drafter(
     log(f"auto tree: calibrating the head on {len(prompts)} built-in prompts ({CALIBRATION_TOKENS} tokens each)")
     spec = auto_drafter(head, target, tokenizer, curve, prompts, CALIBRATION_TOKENS)
     assert spec.auto is not None
-    source = f"{len(prompts)} built-in prompts"
-    remember_tree(path, spec.auto, source)
+    priced: dict[int, int | None] = {}
+    if lookup_branch:
+        spec = with_lookup_branch(spec, lookup_branch, lookup_solo)
+        if lookup_solo == "auto":
+            priced[lookup_branch] = getattr(spec.drafter, "solo_ngram", None)
+    remember_tree(path, spec.auto, f"{len(prompts)} built-in prompts", priced)
     log(f"auto tree: cached in {path}")
     return spec

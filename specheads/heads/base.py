@@ -18,6 +18,15 @@ from specheads.heads.config import FORMAT_VERSION, HeadConfig
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+LORA_DIR = "lora"  # a Medusa-2 head's adapter for the target, beside the heads
+
+
+def make_readable(path: Path) -> None:
+    """Give a written file the mode the user's umask asks for (safetensors creates files readable by the owner
+    only, so a serving process under another user could not load a head)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path.chmod(0o666 & ~mask)
 
 
 class DraftHead(nn.Module):
@@ -51,25 +60,32 @@ class DraftHead(nn.Module):
         """Write ``config.json``, ``model.safetensors`` and a ``README.md`` model card into ``save_directory``.
 
         ``card`` holds what is known about training and acceptance (config, metrics, tau); it goes into the card.
-        The folder is written to a temporary sibling first and renamed, so a killed save never leaves half a head.
+        Each file is written under a temporary name in the folder and renamed over the old one, so a killed save
+        leaves every file whole, and nothing else in the folder (a training run's checkpoints, logs, config) is
+        touched. A LoRA adapter folder (``lora/``) left by an earlier head is removed: it belongs to that head
+        (Medusa-2 training writes its own after saving the heads).
         """
         out = Path(save_directory)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-        try:
-            (tmp / CONFIG_NAME).write_text(json.dumps(self.config_json(), indent=2) + "\n")
+        out.mkdir(parents=True, exist_ok=True)
+        writers = {
             # save_model de-duplicates tied tensors (e.g. a draft model's tied embedding and lm_head).
-            safetensors.torch.save_model(self, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"})
-            write_model_card(tmp / "README.md", self, card or {})
-            if out.exists():
-                keep = {CONFIG_NAME, WEIGHTS_NAME, "README.md"}
-                for child in out.iterdir():  # keep side files (e.g. a LoRA adapter folder) next to the head
-                    if child.name not in keep and not (tmp / child.name).exists():
-                        shutil.move(str(child), tmp / child.name)
-                shutil.rmtree(out)
-            tmp.rename(out)
+            WEIGHTS_NAME: lambda path: safetensors.torch.save_model(self, str(path), metadata={"format": "pt"}),
+            CONFIG_NAME: lambda path: path.write_text(json.dumps(self.config_json(), indent=2) + "\n"),
+            "README.md": lambda path: write_model_card(path, self, card or {}),
+        }
+        staged: list[tuple[Path, Path]] = []
+        try:
+            for name, write in writers.items():
+                staged.append((out / f".{name}.partial-{os.getpid()}", out / name))
+                write(staged[-1][0])
+                make_readable(staged[-1][0])
+            if (out / LORA_DIR).is_dir():
+                shutil.rmtree(out / LORA_DIR)
+            for partial, final in staged:  # weights first, config after: an old config never names new shapes
+                os.replace(partial, final)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            for partial, _ in staged:
+                partial.unlink(missing_ok=True)
         return out
 
     def push_to_hub(self, repo_id: str, card: dict[str, Any] | None = None, **kwargs: Any) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,10 +82,41 @@ def _dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         hint = hints[key]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        if dataclasses.is_dataclass(hint):
             value = _dataclass_from_dict(hint, value, where=f"{where}.{key}")
+        elif not _has_type(value, hint):
+            raise HeadConfigError(
+                f"{where}.{key}: expected {_type_name(hint)}, found {type(value).__name__} {value!r}; the config "
+                "file was edited by hand or written by another tool: fix the value or re-save the head"
+            )
         kwargs[key] = value
     return cls(**kwargs)
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a config field's annotation (ints are accepted where floats are)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_has_type(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(_has_type(item, args[0]) for item in value)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def default_dtype_of(model: torch.nn.Module) -> torch.dtype:

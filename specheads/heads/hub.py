@@ -7,10 +7,12 @@ from pathlib import Path
 
 from huggingface_hub import HfApi, snapshot_download
 
-from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME
+from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 
-UPLOAD_PATTERNS = [CONFIG_NAME, WEIGHTS_NAME, "README.md", "lora/*"]
-"""What a push uploads: the head, its card, and a Medusa-2 LoRA adapter folder when there is one."""
+UPLOAD_PATTERNS = [CONFIG_NAME, WEIGHTS_NAME, "README.md", f"{LORA_DIR}/*"]
+"""What a push uploads: the head, its card, and a Medusa-2 LoRA adapter folder when there is one. The same files
+already in the repository and not in the folder are deleted by the push (a stale adapter would be merged into the
+target by everyone who downloads the head)."""
 
 
 class HubError(RuntimeError):
@@ -24,25 +26,35 @@ def files_to_upload(folder: str | os.PathLike) -> list[str]:
         if not (root / required).is_file():
             raise FileNotFoundError(f"{root} has no {required}; push a folder written by head.save_pretrained()")
     files = [name for name in (CONFIG_NAME, WEIGHTS_NAME, "README.md")]
-    if (root / "lora").is_dir():
-        files += sorted(str(p.relative_to(root)) for p in (root / "lora").rglob("*") if p.is_file())
+    if (root / LORA_DIR).is_dir():
+        files += sorted(str(p.relative_to(root)) for p in (root / LORA_DIR).rglob("*") if p.is_file())
     return files
 
 
 def push_folder(
     folder: str | os.PathLike,
     repo_id: str,
-    private: bool = False,
+    private: bool | None = None,
     token: str | None = None,
     commit_message: str = "Upload specheads draft head",
 ) -> str:
-    """Create ``repo_id`` if needed and upload the head folder; returns the commit URL."""
+    """Create ``repo_id`` if needed and upload the head folder; returns the commit URL.
+
+    ``private=None`` leaves visibility to the Hub (a new repository follows its owner's default, an existing one
+    keeps its own); ``True`` makes the repository private, an existing public one included; ``False`` creates a
+    public one. Files of an earlier head that this folder does not have (``UPLOAD_PATTERNS``) are deleted."""
     files_to_upload(folder)
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
+        if private:  # create_repo ignores ``private`` for a repository that already exists
+            api.update_repo_settings(repo_id, private=True)
         info = api.upload_folder(
-            folder_path=str(folder), repo_id=repo_id, allow_patterns=UPLOAD_PATTERNS, commit_message=commit_message
+            folder_path=str(folder),
+            repo_id=repo_id,
+            allow_patterns=UPLOAD_PATTERNS,
+            delete_patterns=UPLOAD_PATTERNS,
+            commit_message=commit_message,
         )
     except Exception as err:  # noqa: BLE001 - network, auth and offline errors all become one clear line
         raise HubError(_one_line(f"could not push {folder} to {repo_id}", err)) from err

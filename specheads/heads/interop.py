@@ -35,7 +35,7 @@ import safetensors.torch
 import torch
 from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead
+from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead, make_readable
 from specheads.heads.card import base_model_id
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
@@ -101,9 +101,12 @@ def export_head(
         raise ExportError(f"no serving format for {type(head).__name__}")
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
     config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
+    config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     safetensors.torch.save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    make_readable(out / CONFIG_NAME)
+    make_readable(out / WEIGHTS_NAME)
     return [CONFIG_NAME, WEIGHTS_NAME]
 
 
@@ -214,6 +217,13 @@ def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectur
         eos_token_id=text.eos_token_id,
         pad_token_id=text.pad_token_id,
     ).to_dict()
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope:
+        # transformers 4.x, which the engines read configs with, knows only the flat keys: without them it would
+        # fall back to rope_theta 10000 and the drafter would run with another rotary base (and accept little)
+        config["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     config["architectures"] = architectures
     config["base_model_name_or_path"] = base_model_id(record.name_or_path) or record.name_or_path
     return config
@@ -289,6 +299,12 @@ def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -
     config = EagleConfig(version=3, layer_ids=_eagle3_layer_ids(meta, target))
     config.draft_vocab_size = int(meta.get("draft_vocab_size") or meta["vocab_size"])
     _check_eagle3_shapes(meta, target, folder)
+    if "d2t" not in tensors and config.draft_vocab_size != target.config.get_text_config().vocab_size:
+        raise HeadLoadError(
+            f"{weights} has a {config.draft_vocab_size}-token draft vocabulary but no d2t tensor mapping it onto the "
+            f"target's {target.config.get_text_config().vocab_size} tokens; without it every drafted id would name "
+            "the wrong token. Export the checkpoint with its d2t (SpecForge and the EAGLE-3 reference both save it)."
+        )
     offsets = tensors.pop("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
     head = EagleDrafter(config, target, d2t=offsets.long() + torch.arange(offsets.numel()))
     tensors.pop("t2d", None)  # rebuilt from d2t

@@ -12,7 +12,7 @@ import safetensors
 import safetensors.torch
 from transformers import PreTrainedModel
 
-from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead
+from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, DraftHead
 from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleDrafter
@@ -83,9 +83,12 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise HeadLoadError(f"{path.parent} has no {CONFIG_NAME}; expected a folder written by head.save_pretrained()")
     try:
-        return json.loads(path.read_text())
+        meta = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise HeadLoadError(f"{path} is not valid JSON ({err}); the file is corrupt or truncated") from err
+    if not isinstance(meta, dict):
+        raise HeadLoadError(f"{path}: expected a JSON object, found a {type(meta).__name__}")
+    return meta
 
 
 def resolve_head_folder(dir_or_hub_id: str | os.PathLike, revision: str | None = None) -> Path:
@@ -152,7 +155,6 @@ def _tied_aliases(head: DraftHead, saved: set[str]) -> set[str]:
     return {name for names in groups.values() if len(names) > 1 and saved & set(names) for name in names}
 
 
-LORA_DIR = "lora"
 """Medusa-2 saves the target's LoRA adapter (a peft folder) in this subfolder of the head folder."""
 
 

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from specheads.heads.base import DraftHead
 from specheads.heads.borrowed import borrow
-from specheads.heads.config import HeadConfig, TargetRecord, default_dtype_of
+from specheads.heads.config import HeadConfig, HeadConfigError, TargetRecord, default_dtype_of
 
 MEDUSA_HEAD_OFFSET = 1
 """Head k predicts token t + k + MEDUSA_HEAD_OFFSET from the hidden state at position t.
@@ -67,6 +67,11 @@ class MedusaHeads(DraftHead):
             config.target = record
         if not config.layer_ids:
             config.layer_ids = [record.num_hidden_layers]  # the post-norm last hidden state
+        if len(config.layer_ids) != 1 or not 0 <= config.layer_ids[0] <= record.num_hidden_layers:
+            raise HeadConfigError(
+                f"Medusa heads read one hidden-state index in [0, {record.num_hidden_layers}], found layer_ids="
+                f"{list(config.layer_ids)}"
+            )
         hidden, vocab, dtype = record.hidden_size, record.vocab_size, default_dtype_of(target)
         self.borrowed = borrow(target)
         # One independent list of blocks per head (never `[ResBlock(h)] * L`, which shares one block L times).

@@ -14,7 +14,12 @@ def push_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specheads push", description=__doc__)
     parser.add_argument("folder", help="a folder written by head.save_pretrained() (e.g. runs/eagle3/final)")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-name/smollm2-135m-eagle3")
-    parser.add_argument("--private", action="store_true")
+    parser.add_argument(
+        "--private",
+        action="store_true",
+        help="make the repository private (an existing public one too); without it, a new repository follows its "
+        "owner's default visibility and an existing one keeps its own",
+    )
     parser.add_argument("--dry-run", action="store_true", help="check the folder and list what would be uploaded")
     args = parser.parse_args(argv)
     try:
@@ -27,7 +32,9 @@ def push_main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
     try:
-        url = push_folder(args.folder, args.repo_id, private=args.private)  # token: from `hf auth login` / HF_TOKEN
+        url = push_folder(
+            args.folder, args.repo_id, private=True if args.private else None
+        )  # token: from `hf auth login` / HF_TOKEN
     except HubError as err:
         print(f"specheads push: {err}", file=sys.stderr)
         return 1

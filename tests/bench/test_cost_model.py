@@ -272,6 +272,45 @@ def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_w
     assert auto_tree_cache_path(cache, head_dir, tiny_llama) != path  # new weights, new cache entry
 
 
+def test_auto_tree_caches_the_priced_lookup_solo_length_per_branch_size(tiny_llama, tmp_path):
+    """``generate --tree auto --lookup-branch N --lookup-solo auto``: the solo length priced on the calibration run
+    is cached with the tree for that N; a cached tree without it (another N) is calibrated again."""
+    import json
+
+    from specheads.decoding.drafters import auto_tree_cache_path, auto_tree_drafter
+    from specheads.decoding.lookup_branch import LookupBranchDrafter
+    from specheads.heads import DraftModel, load_head
+
+    head_dir, cache = tmp_path / "draft", tmp_path / "cache"
+    DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).save_pretrained(head_dir)
+    head = load_head(head_dir, tiny_llama).eval()
+    lines: list[str] = []
+
+    def build(branch: int, solo):
+        lines.clear()
+        return auto_tree_drafter(
+            head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append, lookup_branch=branch, lookup_solo=solo
+        )
+
+    first = build(4, "auto")
+    record = json.loads(auto_tree_cache_path(cache, head_dir, tiny_llama).read_text())
+    assert any("calibrating" in x for x in lines) and list(record["lookup_solo"]) == ["4"]
+    # which tree wins depends on the measured costs; with no head tree (plain) the lookup chain drafts alone
+    solo = first.drafter.solo_ngram if isinstance(first.drafter, LookupBranchDrafter) else None
+    assert record["lookup_solo"]["4"] == solo
+    again = build(4, "auto")
+    assert lines == [] and type(again.drafter) is type(first.drafter) and again.auto == first.auto
+    assert getattr(again.drafter, "solo_ngram", None) == solo
+    assert ("lookup alone: auto, cached" in again.tree) == isinstance(first.drafter, LookupBranchDrafter)
+    fixed = build(4, 3)  # a length given by the user needs no price: the cached tree serves
+    assert lines == [] and getattr(fixed.drafter, "solo_ngram", 3) == 3
+    build(6, "auto")
+    assert any("no lookup-alone length priced for a 6-token branch" in x for x in lines)
+    assert any("calibrating" in x for x in lines)
+    record = json.loads(auto_tree_cache_path(cache, head_dir, tiny_llama).read_text())
+    assert list(record["lookup_solo"]) == ["6"]  # recalibrated: prices made on the old calibration are dropped
+
+
 def cached_choice(path):
     import json
 
@@ -297,6 +336,39 @@ def test_bench_auto_tree_is_cached_for_generate(tiny_llama, tmp_path, monkeypatc
     spec = auto_tree_drafter(head, head_dir, tiny_llama, WordTokenizer(), tmp_path / "cache", log=lines.append)
     assert lines == [] and spec.tree.startswith("auto, cached from specheads bench on 2 held-out questions:")
     assert spec.auto is not None and spec.auto.choices == cached_choice(path)
+
+
+def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, monkeypatch):
+    """The benchmark's priced solo length (``--lookup-solo auto``) is cached with its tree for that branch size."""
+    import json
+
+    from specheads.bench.cli import BenchSettings, build_methods
+    from specheads.decoding.drafters import auto_tree_cache_path, auto_tree_drafter
+    from specheads.heads import DraftModel, load_head
+
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
+    head_dir = tmp_path / "draft"
+    DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).save_pretrained(head_dir)
+    settings = BenchSettings(heads=[str(head_dir)], trees=["auto"], methods=[], lookup_branch=4, lookup_solo="auto")
+    block = torch.randint(0, 128, (6,))
+    methods = build_methods(settings, tiny_llama, WordTokenizer(), [block.repeat(3)], "1 held-out question")
+    solo = next(m for m in methods if m.name.endswith("+lookup-solo"))
+    record = json.loads(auto_tree_cache_path(tmp_path / "cache", head_dir, tiny_llama).read_text())
+    assert list(record["lookup_solo"]) == ["4"]
+    lines: list[str] = []
+    head = load_head(head_dir, tiny_llama)
+    spec = auto_tree_drafter(
+        head,
+        head_dir,
+        tiny_llama,
+        WordTokenizer(),
+        tmp_path / "cache",
+        log=lines.append,
+        lookup_branch=4,
+        lookup_solo="auto",
+    )
+    assert lines == [] and spec.drafter.solo_ngram == record["lookup_solo"]["4"]
+    assert solo.name == "specheads-draft+lookup-solo"
 
 
 def test_auto_tree_of_a_hub_head_is_keyed_by_its_snapshot(tiny_llama, tmp_path, monkeypatch):

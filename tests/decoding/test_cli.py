@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from specheads.decoding.cli import generate_main
@@ -30,11 +32,15 @@ def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
         generate_main([*common, "--head", str(tmp_path / "medusa"), "--tree", "chain:2", "--lookup-branch", "4"]) == 0
     )
     branch = capsys.readouterr()
-    assert branch.out == plain.out and "LookupBranchDrafter" in branch.err and "lookup branch of 4" in branch.err
+    assert (
+        branch.out == plain.out
+        and "LookupBranchDrafter" in branch.err
+        and "lookup branch (up to 4 tokens" in branch.err
+    )
     medusa_branch = ["--head", str(tmp_path / "medusa"), "--tree", "chain:2", "--lookup-branch", "4"]
     assert generate_main([*common, *medusa_branch, "--lookup-solo", "2"]) == 0
     solo = capsys.readouterr()
-    assert solo.out == plain.out and "lookup branch of 4, alone on 2-gram matches" in solo.err
+    assert solo.out == plain.out and "alone, without the head, on 2-gram or longer matches" in solo.err
     for bad in (["--lookup-branch", "3"], ["--head", str(tmp_path / "medusa"), "--lookup-branch", "-1"]):
         with pytest.raises(SystemExit):
             generate_main([*common, *bad])
@@ -69,7 +75,19 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     assert generate_main([*common, "--tree", "auto", "--lookup-branch", "4"]) == 0
     second = capsys.readouterr()
     assert "calibrating" not in second.err and "tree auto, cached from 2 built-in prompts" in second.err
-    assert second.out == first.out and "lookup branch of 4" in second.err  # greedy: the target's own text
+    assert second.out == first.out and "lookup branch (up to 4 tokens" in second.err  # greedy: the target's text
+    # --lookup-solo auto is priced on a calibration run, which a cached tree does not keep: calibrate once more, then
+    # the priced length is cached with the tree for this branch size
+    solo_auto = [*common, "--tree", "auto", "--lookup-branch", "4", "--lookup-solo", "auto"]
+    assert generate_main(solo_auto) == 0
+    third = capsys.readouterr()
+    assert "has no lookup-alone length priced for a 4-token branch" in third.err and "calibrating" in third.err
+    (entry,) = (cache / "auto_trees").glob("*.json")
+    assert third.out == first.out and list(json.loads(entry.read_text())["lookup_solo"]) == ["4"]
+    assert generate_main(solo_auto) == 0
+    fourth = capsys.readouterr()
+    assert "calibrating" not in fourth.err and "tree auto, cached from 2 built-in prompts" in fourth.err
+    assert fourth.out == first.out and len(list((cache / "auto_trees").glob("*.json"))) == 1
     assert generate_main(common) == 0
     assert capsys.readouterr().out == first.out
     for bad, message in [
@@ -77,6 +95,8 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
         (["--acceptance", "greedy", "--temperature", "0.7"], "--acceptance greedy keeps the target's argmax"),
         ([*common, "--tree", "chain:x"], "--tree: tree setting 'chain:x': expected chain:D"),
         ([*common, "--recalibrate"], "--recalibrate re-measures the auto tree: it needs --tree auto"),
+        ([*common, "--lookup-branch", "4", "--lookup-solo", "auto"], "--lookup-solo auto is priced on the auto tree"),
+        ([*common, "--lookup-branch", "4", "--lookup-solo", "two"], "expected an n-gram length (2 or 3) or 'auto'"),
     ]:
         with pytest.raises(SystemExit):
             generate_main(["--prompt", "Hi", *bad])

@@ -4,6 +4,8 @@ The Hub is unreachable from CI machines, so everything up to the network call ru
 code (ModelCard parsing, HfApi with offline mode); the upload itself is not exercised here.
 """
 
+from types import SimpleNamespace
+
 import pytest
 from huggingface_hub import ModelCard
 
@@ -59,3 +61,44 @@ def test_push_offline_is_one_clear_line(tiny_llama, tmp_path, monkeypatch, capsy
     assert err.count("\n") == 1 and "could not push" in err
     assert main(["push", str(folder), "someone/head", "--dry-run"]) == 0
     assert "config.json, model.safetensors, README.md" in capsys.readouterr().out
+
+
+def test_push_deletes_an_earlier_heads_adapter_and_keeps_visibility_unless_asked(tiny_llama, tmp_path, monkeypatch):
+    """Everything up to the network: huggingface_hub's own ``upload_folder`` builds the commit from the folder and
+    the repository's file list; only the calls that reach the Hub are replaced (creating the repository, its
+    settings, listing its files, the Hub's check of the card's YAML, the commit), and the upload takes the library's
+    single-commit path rather than its Xet pipeline, so that one commit carries every file."""
+    import huggingface_hub.hf_api
+    from huggingface_hub import HfApi
+
+    monkeypatch.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False)
+    calls: list[tuple[str, dict]] = []
+    remote = [".gitattributes", "config.json", "model.safetensors", "README.md", "lora/adapter_model.safetensors"]
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create_repo", kw)))
+    monkeypatch.setattr(HfApi, "update_repo_settings", lambda self, repo_id, **kw: calls.append(("settings", kw)))
+    monkeypatch.setattr(HfApi, "list_repo_files", lambda self, repo_id, **kw: list(remote))
+    monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kw: calls.append(("yaml", {})))
+
+    def create_commit(self, repo_id, operations, **kw):
+        calls.append(("commit", {"ops": sorted((type(op).__name__, op.path_in_repo) for op in operations)}))
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/abc")
+
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)  # Medusa-1: no adapter
+    (folder / "train_config.yaml").write_text("train: {}\n")  # a run's side file: not uploaded
+
+    assert main(["push", str(folder), "me/head"]) == 0
+    calls = [call for call in calls if call[0] != "yaml"]
+    (create, create_kw), (commit, commit_kw) = calls
+    assert create == "create_repo" and create_kw["private"] is None  # a new repo follows the owner's default
+    ops = commit_kw["ops"]
+    assert ("CommitOperationDelete", "lora/adapter_model.safetensors") in ops  # the stale adapter goes
+    added = [path for kind, path in ops if kind == "CommitOperationAdd"]
+    assert sorted(added) == ["README.md", "config.json", "model.safetensors"]
+    assert not any(path == ".gitattributes" for _, path in ops)
+
+    calls.clear()
+    assert main(["push", str(folder), "me/head", "--private"]) == 0
+    assert [name for name, _ in calls] == ["create_repo", "settings", "yaml", "commit"]  # an existing public one too
+    assert calls[0][1]["private"] is True and calls[1][1] == {"private": True}

@@ -109,6 +109,11 @@ def test_eagle3_export_is_what_the_engines_compute(tmp_path):
     assert config.eagle_aux_hidden_state_layer_ids == head.layer_ids == [2, 3, 3]
     assert tensors["t2d"].dtype == torch.bool and int(tensors["t2d"].sum()) == 32
     assert not any("embed_tokens" in name for name in tensors), "the engines share the target's embedding"
+    # transformers 4.x (what the engines read configs with) knows only the flat rotary keys: without them it falls
+    # back to a base of 10000, and the drafter would run with another rotary base than the target's
+    flat = json.loads((tmp_path / "config.json").read_text())
+    assert flat["rope_theta"] == target.config.rope_parameters["rope_theta"] and "rope_scaling" not in flat
+    assert flat["torch_dtype"] == flat["dtype"] == "float32"
 
 
 def test_sglang_export_names_layer_outputs_and_loads_back(tmp_path):
@@ -156,6 +161,10 @@ def test_eagle3_checkpoint_errors(tmp_path):
     with pytest.raises(HeadLoadError, match="embedding that differs"):
         load_head(tmp_path, target)
     del tensors["embed_tokens.weight"]
+    without_map = {name: t for name, t in tensors.items() if name not in ("d2t", "t2d")}
+    safetensors.torch.save_file(without_map, str(tmp_path / "model.safetensors"))
+    with pytest.raises(HeadLoadError, match="32-token draft vocabulary but no d2t"):
+        load_head(tmp_path, target)  # it loaded with an identity map: every drafted id named the wrong token
     tensors["midlayer.self_attn.q_norm.weight"] = torch.ones(16)
     safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(HeadLoadError, match="unexpected.*q_norm"):
@@ -287,6 +296,7 @@ def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
     config = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and config["num_attention_heads"] == 9
     assert config["base_model_name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert config["rope_theta"] == 100000.0  # SmolLM2's base; transformers 4.x would otherwise assume 10000
     loaded = load_head(tmp_path / "vllm", target)
     ids = torch.randint(0, 49152, (1, 12), generator=torch.Generator().manual_seed(1))
     features = target(ids, output_hidden_states=True).hidden_states

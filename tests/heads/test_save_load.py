@@ -195,14 +195,61 @@ def test_missing_folder_offline_is_a_clear_error(tiny_llama, monkeypatch):
         load_head("nobody/no-such-head", tiny_llama)
 
 
-def test_save_over_existing_folder_keeps_side_files(tiny_llama, tmp_path):
+def test_save_over_a_run_folder_touches_only_the_head_and_drops_an_earlier_adapter(tiny_llama, tmp_path):
+    """Training saves the final head into its output folder, beside checkpoints and logs: those stay as they are,
+    also when the folder is a symlink (it was once deleted whole); a LoRA adapter left by an earlier head goes
+    (Medusa-2 training writes its own after the heads), or decoding would merge a stale adapter into the target."""
+    real = tmp_path / "disk" / "exp"
+    (real / "checkpoints" / "step-00000100").mkdir(parents=True)
+    (real / "checkpoints" / "step-00000100" / "optimizer.bin").write_bytes(b"state")
+    (real / "train_config.yaml").write_text("train: {}\n")
+    (real / "lora").mkdir()
+    (real / "lora" / "adapter_config.json").write_text("{}")
+    folder = tmp_path / "exp"
+    folder.symlink_to(real)
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(folder)
+    assert folder.is_symlink() and load_head(folder, tiny_llama).num_heads == 3
+    assert (real / "checkpoints" / "step-00000100" / "optimizer.bin").read_bytes() == b"state"
+    assert (real / "train_config.yaml").is_file() and not (real / "lora").exists()
+    assert sorted(p.name for p in real.iterdir()) == [
+        "README.md",
+        "checkpoints",
+        "config.json",
+        "model.safetensors",
+        "train_config.yaml",
+    ]  # no temporary files left
+
+
+def test_a_failed_save_leaves_the_previous_head_whole(tiny_llama, tmp_path, monkeypatch):
+    import specheads.heads.base
+
     folder = tmp_path / "head"
     MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
-    (folder / "lora").mkdir()
-    (folder / "lora" / "adapter_config.json").write_text("{}")
-    MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(folder)
-    assert (folder / "lora" / "adapter_config.json").is_file()
-    assert load_head(folder, tiny_llama).num_heads == 3
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def killed(path, head, card):
+        raise KeyboardInterrupt  # stopped while writing the card: after the weights, before anything is renamed
+
+    monkeypatch.setattr(specheads.heads.base, "write_model_card", killed)
+    with pytest.raises(KeyboardInterrupt):
+        MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert load_head(folder, tiny_llama).num_heads == 2
+
+
+def test_saved_files_follow_the_umask(tiny_llama, tmp_path):
+    """safetensors writes owner-only files; a serving process under another user must be able to read a head."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        folder = MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "head")
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert modes == {"README.md": 0o644, "config.json": 0o644, "model.safetensors": 0o644}
+    assert folder.stat().st_mode & 0o777 == 0o755
 
 
 def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path, monkeypatch):
@@ -236,3 +283,27 @@ def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path, monkeypa
     hub_merged = load_lora_adapter(make_tiny_llama(), in_local_hub_cache(folder, "someone/medusa2-head", monkeypatch))
     with torch.no_grad():
         torch.testing.assert_close(hub_merged(ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "where, value, message",
+    [
+        ((), "whole", "expected a JSON object, found a list"),
+        (("config", "target"), None, "target: expected a mapping"),
+        (("config", "num_heads"), "2", "num_heads: expected int, found str"),
+        (("config", "target", "vocab_size"), "128", "target.vocab_size: expected int, found str"),
+        (("config", "layer_ids"), [99], "one hidden-state index in \\[0, 2\\]"),
+    ],
+)
+def test_hand_edited_config_values_are_clear_errors(saved_medusa, tiny_llama, where, value, message):
+    """Values of the wrong type or out of range were raw AttributeError/TypeError, or loaded silently."""
+    path = saved_medusa / "config.json"
+    meta = json.loads(path.read_text())
+    if where:
+        node = meta
+        for key in where[:-1]:
+            node = node[key]
+        node[where[-1]] = value
+    path.write_text(json.dumps(meta if where else [meta]))
+    with pytest.raises((HeadLoadError, HeadConfigError), match=message):
+        load_head(saved_medusa, tiny_llama)
