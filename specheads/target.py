@@ -11,17 +11,19 @@ Tree verification feeds a custom 4D attention mask and explicit ``position_ids``
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from filelock import FileLock
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -219,3 +221,17 @@ def check_tree_attention_support(model: PreTrainedModel) -> None:
             f"{type(model).__name__} ignores a custom 4D attention mask or explicit position_ids (a masked-out token "
             "changed the logits); tree verification would be silently wrong with this architecture."
         )
+
+
+@contextlib.contextmanager
+def only_this_config(model: PreTrainedModel, config: GenerationConfig) -> Iterator[None]:
+    """Make ``config`` the model's own generation config while ``generate`` runs. ``generate`` fills every field of
+    a passed config that is at the library default with the model's own value, so a target shipping
+    ``repetition_penalty=1.1`` would otherwise have it applied to the benchmark's baselines (and not to the
+    speculative loop), or to self-distilled "greedy" answers."""
+    own = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = own

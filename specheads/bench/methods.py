@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.target import only_this_config
 
 
 @dataclass
@@ -112,19 +113,6 @@ def generation_config_for(model: PreTrainedModel, max_new_tokens: int, temperatu
         pad_token_id=pad,
         bos_token_id=own.bos_token_id if own is not None else None,
     )
-
-
-@contextlib.contextmanager
-def only_this_config(model: PreTrainedModel, config: GenerationConfig) -> Iterator[None]:
-    """Make ``config`` the model's own generation config while ``generate`` runs. ``generate`` fills every field of
-    a passed config that is at the library default with the model's own value, so a target shipping
-    ``repetition_penalty=1.1`` would otherwise have it applied to the baselines and not to the speculative loop."""
-    own = model.generation_config
-    model.generation_config = config
-    try:
-        yield
-    finally:
-        model.generation_config = own
 
 
 def hf_method(

@@ -22,8 +22,8 @@ DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying 64 nodes co
 DEFAULT_DRAFT_LENGTH = 4
 
 
-def build_drafter(head: Any, tree: str | None) -> Any:
-    """A drafter for a loaded head and a tree setting (see the module docstring)."""
+def build_drafter(head: Any, tree: str | None = None) -> Any:
+    """A drafter for a loaded head and a tree setting (see the module docstring); None: the head type's default."""
     kind = head.head_type
     if tree is not None and tree.split(":")[0] == "chain":
         depth = _positive_ints(tree, "chain:D", 1)[0] if ":" in tree else _default_depth(head)

@@ -12,7 +12,7 @@ from specheads.heads.load import read_head_config
 
 def push_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specheads push", description=__doc__)
-    parser.add_argument("folder", help="a folder written by head.save_pretrained() (e.g. runs/eagle3/final)")
+    parser.add_argument("folder", help="a folder written by head.save_pretrained() (e.g. runs/eagle3-smollm2-135m)")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-name/smollm2-135m-eagle3")
     parser.add_argument(
         "--private",

@@ -7,6 +7,10 @@ header (``<|im_start|>assistant\\n``), the system prompt or the user's turns.
 The mask is found on characters, not tokens: each assistant turn's character span is read off incremental renders
 of the template (``messages[:i]`` + generation prompt, then ``messages[:i+1]``), and the full render is tokenized
 once with an offset mapping, so token-merging across a span boundary cannot shift the mask.
+
+Self-distilled records (``specheads data generate``) also carry the target's own ids for the final answer
+(``answer_token_ids``), used instead of re-encoding its text, and ``finished``: an answer cut at ``max_new_tokens``
+keeps its end-of-turn token in the input but not in the loss (the target did not stop there).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from transformers import PreTrainedTokenizerBase
 logger = logging.getLogger(__name__)
 
 FORMATS = ("auto", "sharegpt", "messages", "prompt_response")
+CHAT_ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 ACCEPTED_SHAPES = (
     "ShareGPT {'conversations': [{'from': 'human'|'gpt'|'system', 'value': ...}]}, "
@@ -66,19 +71,33 @@ def detect_format(record: dict[str, Any], source: str) -> str:
 
 
 def to_messages(record: dict[str, Any], fmt: str) -> list[dict[str, str]]:
-    """Normalise one record of a known shape to OpenAI messages ``[{role, content}]``."""
+    """Normalise one record of a known shape to OpenAI messages ``[{role, content}]``; content given as a list of
+    parts (``[{"type": "text", "text": ...}]``) is joined."""
     if fmt == "messages":
-        return [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
+        return [_message(m["role"], m["content"]) for m in record["messages"]]
     if fmt == "prompt_response":
-        return [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["response"]}]
+        return [_message("user", record["prompt"]), _message("assistant", record["response"])]
     if fmt == "sharegpt":
         messages = []
         for turn in record["conversations"]:
             if turn["from"] not in SHAREGPT_ROLES:
                 raise DataError(f"ShareGPT turn has from={turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}.")
-            messages.append({"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]})
+            messages.append(_message(SHAREGPT_ROLES[turn["from"]], turn["value"]))
         return messages
     raise DataError(f"format={fmt!r} is not one of {FORMATS}.")
+
+
+def _message(role: Any, content: Any) -> dict[str, str]:
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        content = "".join(str(p.get("text", "")) for p in content)
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise DataError(
+            f"a turn has role={role!r} and content of type {type(content).__name__} ({str(content)[:40]!r}); "
+            "expected a role name and text (or a list of text parts)"
+        )
+    if role not in CHAT_ROLES:
+        raise DataError(f"a turn has role={role!r}; expected one of {list(CHAT_ROLES)}")
+    return {"role": role, "content": content}
 
 
 def _checked_messages(record: dict[str, Any], fmt: str, source: str) -> list[dict[str, str]]:
@@ -90,10 +109,30 @@ def _checked_messages(record: dict[str, Any], fmt: str, source: str) -> list[dic
             f"{source}: a record does not have the {fmt} shape of the file's first record (missing {err}; "
             f"fields present: {present}); expected {ACCEPTED_SHAPES}."
         ) from err
+    except DataError as err:
+        raise DataError(f"{source}: {err}") from None
+
+
+CONVERSATION_FEATURES = datasets.Features(
+    {
+        "messages": datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")}),
+        "answer_token_ids": datasets.List(datasets.Value("int64")),  # None: re-encode the answer's text
+        "finished": datasets.Value("bool"),  # None: the file does not say (taken as finished)
+    }
+)
+
+
+def _conversation(record: dict[str, Any], fmt: str, source: str) -> dict[str, Any]:
+    messages = _checked_messages(record, fmt, source)
+    answer_ids, finished = record.get("answer_token_ids"), record.get("finished")
+    if (answer_ids is not None or finished is not None) and (not messages or messages[-1]["role"] != "assistant"):
+        raise DataError(f"{source}: answer_token_ids/finished describe the last turn, which is not an answer")
+    return {"messages": messages, "answer_token_ids": answer_ids, "finished": finished}
 
 
 def load_conversations(cfg: DataConfig) -> datasets.Dataset:
-    """Read every file in ``cfg.paths`` (JSON or JSONL) into one dataset with a single ``messages`` column."""
+    """Read every file in ``cfg.paths`` (JSON or JSONL) into one dataset with columns ``messages`` and the
+    self-distillation fields ``answer_token_ids`` and ``finished`` (None where a file has none)."""
     if cfg.format not in FORMATS:
         raise DataError(f"data format={cfg.format!r} is not one of {FORMATS}.")
     if not cfg.paths:
@@ -108,8 +147,10 @@ def load_conversations(cfg: DataConfig) -> datasets.Dataset:
         fmt = detect_format(raw[0], path) if cfg.format == "auto" else cfg.format
         parts.append(
             raw.map(
-                lambda record, fmt=fmt, path=path: {"messages": _checked_messages(record, fmt, path)},
+                lambda record, row, fmt=fmt, path=path: _conversation(record, fmt, f"{path} (record {row + 1})"),
+                with_indices=True,
                 remove_columns=raw.column_names,
+                features=CONVERSATION_FEATURES,
                 num_proc=cfg.num_proc,
                 desc=f"reading {Path(path).name} ({fmt})",
             )
@@ -149,20 +190,40 @@ def assistant_char_spans(
                 "renders earlier turns unchanged."
             )
         turn = through_turn[len(prompt) :]
-        hits = [(turn.find(tok), tok) for tok in end_tokens if tok in turn]
+        content_at = turn.find(message["content"])  # special-token text inside the answer does not end the turn
+        after = content_at + len(message["content"]) if content_at >= 0 else 0
+        hits = [(turn.find(tok, after), tok) for tok in end_tokens if tok in turn[after:]]
         end = len(through_turn) if not hits else len(prompt) + min(hits)[0] + len(min(hits)[1])
         spans.append((len(prompt), end))
     return text, spans
 
 
 def tokenize_conversation(
-    messages: list[dict[str, str]], tokenizer: PreTrainedTokenizerBase, max_length: int
+    messages: list[dict[str, str]],
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    answer_token_ids: list[int] | None = None,
+    finished: bool | None = None,
 ) -> dict[str, Any]:
-    """Token ids and the assistant-only loss mask of one conversation, truncated to ``max_length`` tokens."""
+    """Token ids and the assistant-only loss mask of one conversation, truncated to ``max_length`` tokens.
+
+    ``answer_token_ids``: the target's own ids for the last turn's text, used as they are; ``finished=False``: the
+    last answer was cut, so the end-of-turn token the template closes it with carries no loss."""
     text, spans = assistant_char_spans(messages, tokenizer)
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    input_ids = encoded["input_ids"]
-    loss_mask = [int(any(s < end and e > start for start, end in spans)) for s, e in encoded["offset_mapping"]]
+    exact = answer_token_ids is not None or finished is False
+    content = messages[-1]["content"] if exact else ""
+    at = text.find(content, spans[-1][0], spans[-1][1]) if exact and spans else -1
+    if at < 0:  # nothing to place (or a template that rewrites the answer): one encode of the whole render
+        input_ids, loss_mask = _encode_masked(text, 0, spans, tokenizer)
+    else:
+        after = at + len(content)
+        head_ids, head_mask = _encode_masked(text[:at], 0, spans, tokenizer)
+        if answer_token_ids is None:
+            answer_token_ids = tokenizer(content, add_special_tokens=False)["input_ids"]
+        kept = spans if finished is not False else [*spans[:-1], (spans[-1][0], after)]
+        tail_ids, tail_mask = _encode_masked(text[after:], after, kept, tokenizer)
+        input_ids = head_ids + list(answer_token_ids) + tail_ids
+        loss_mask = head_mask + [1] * len(answer_token_ids) + tail_mask
     truncated = len(input_ids) > max_length
     return {
         "input_ids": input_ids[:max_length],
@@ -172,12 +233,27 @@ def tokenize_conversation(
     }
 
 
+def _encode_masked(
+    text: str, offset: int, spans: list[tuple[int, int]], tokenizer: PreTrainedTokenizerBase
+) -> tuple[list[int], list[int]]:
+    """Encode ``text`` (which starts at character ``offset`` of the render); mask tokens inside ``spans``."""
+    if not text:
+        return [], []
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [
+        int(any(offset + s < end and offset + e > start for start, end in spans)) for s, e in encoded["offset_mapping"]
+    ]
+    return list(encoded["input_ids"]), mask
+
+
 def tokenize_dataset(conversations: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig):
     """Tokenize and mask every conversation; drop those left without an assistant token, log what was cut."""
     if not tokenizer.is_fast:
         raise DataError(f"{type(tokenizer).__name__} is not a fast tokenizer; the loss mask needs offset mappings.")
     tokenized = conversations.map(
-        lambda record: tokenize_conversation(record["messages"], tokenizer, cfg.max_length),
+        lambda record: tokenize_conversation(
+            record["messages"], tokenizer, cfg.max_length, record["answer_token_ids"], record["finished"]
+        ),
         remove_columns=conversations.column_names,
         num_proc=cfg.num_proc,
         desc="tokenizing",
@@ -186,7 +262,8 @@ def tokenize_dataset(conversations: datasets.Dataset, tokenizer: PreTrainedToken
     truncated = int(np.sum(tokenized["truncated"]))
     empty = np.asarray(tokenized["num_loss_tokens"]) == 0
     kept = tokenized.select(np.flatnonzero(~empty)).remove_columns(["truncated", "num_loss_tokens"])
-    logger.info(
+    log = logger.warning if empty.any() else logger.info
+    log(
         "%d samples: %d truncated to max_length=%d, %d dropped (no assistant token within max_length)",
         total,
         truncated,

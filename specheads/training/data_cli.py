@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 from pathlib import Path
 
 import torch
 
 from specheads.heads import default_eagle3_layer_ids
-from specheads.training.data import FORMATS, DataConfig, build_datasets
+from specheads.training.data import FORMATS, DataConfig, DataError, build_datasets
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -59,8 +60,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _generate(args: argparse.Namespace) -> int:
     from specheads.target import load_target
-    from specheads.training.distill import GenerationSettings, generate_dataset
+    from specheads.training.distill import GenerationSettings, generate_dataset, read_prompts
 
+    read_prompts(args.prompts, args.limit)  # a missing or malformed prompt file is an error before the target loads
     model, tokenizer = load_target(args.target, device=args.device)
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,
@@ -83,6 +85,9 @@ def _cache_features(args: argparse.Namespace) -> int:
     from specheads.target import load_target
     from specheads.training.features import cache_features
 
+    missing = [path for path in args.data if not Path(path).is_file()]
+    if missing:
+        raise DataError(f"data file not found: {', '.join(missing)}")
     model, tokenizer = load_target(args.target, device=args.device)
     cfg = DataConfig(
         paths=list(args.data),
@@ -116,6 +121,8 @@ def data_main(argv: list[str] | None = None) -> int:
     """Entry point of ``specheads data``; returns the process exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "generate":
-        return _generate(args)
-    return _cache_features(args)
+    try:
+        return _generate(args) if args.command == "generate" else _cache_features(args)
+    except (OSError, ValueError) as error:  # DataError is a ValueError: bad files and settings, said in one line
+        print(f"specheads data {args.command}: error: {error}", file=sys.stderr)
+        return 2

@@ -6,12 +6,16 @@ wrote a dataset's reference answers.
 
 Output is JSONL in messages format, one complete line per conversation, flushed after every batch. A rerun reads
 the ids already written and answers only the rest; a line cut short by a kill is removed first, so a killed run
-loses at most the batch in flight.
+loses at most the batch in flight. Besides the answer's text, each line keeps the target's own token ids
+(``answer_token_ids``: decoding to text and encoding again does not give them back, e.g. ``\n\n`` generated as one
+token re-encodes as two) and whether the target ended the answer itself (``finished``: an answer cut at
+``max_new_tokens`` must not teach the heads that the turn ends there). ``specheads.training.data`` reads both.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import zlib
 from dataclasses import dataclass
@@ -20,7 +24,11 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from specheads.target import only_this_config
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,19 +45,25 @@ class GenerationSettings:
 def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
     """The first ``limit`` records of a prompt file as ``{"id", "messages", ...}``, ready for the chat template.
 
-    A record holds ``id`` and either ``prompt`` (one user turn) or ``messages`` (trailing assistant turns are
-    dropped: they are what the target answers again).
+    A record holds ``id`` and either ``prompt`` (one user turn) or ``messages``, of which the turns up to the first
+    user turn are kept (a system prompt and that question): the target answers it, and later turns, written by
+    another model, would be trained on as if the target had written them.
     """
     records = []
-    for line_number, record in enumerate(read_jsonl(path), start=1):
+    multi_turn = 0
+    for line_number, record in _numbered_jsonl(path):
         if limit is not None and len(records) >= limit:
             break
         if "id" not in record:
             raise ValueError(f"{path}:{line_number}: record has no 'id' (keys {sorted(record)}); resuming needs ids.")
         if "messages" in record:
             messages = [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
-            while messages and messages[-1]["role"] == "assistant":
-                messages.pop()
+            first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+            if first_user is not None and first_user + 1 < len(messages):
+                multi_turn += any(m["role"] == "user" for m in messages[first_user + 1 :])
+                messages = messages[: first_user + 1]
+            elif first_user is None:
+                messages = []
         elif "prompt" in record:
             messages = [{"role": "user", "content": record["prompt"]}]
         else:
@@ -60,11 +74,33 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
         if "source" in record:
             out["source"] = record["source"]
         records.append(out)
+    if multi_turn:
+        logger.warning(
+            "%d of %d prompt records hold several user turns; only the first is answered (the later turns' answers "
+            "were written by another model, and heads would be trained on them as the target's)",
+            multi_turn,
+            len(records),
+        )
+    return records
+
+
+def _numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """Every non-blank line of an input JSONL file with its line number, the last one too (with or without a
+    final newline); an unreadable line is an error naming it."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append((number, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON record ({err}).") from None
     return records
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of a JSONL file (a trailing line without newline, cut by a kill, is ignored)."""
+    """Every complete line of an output JSONL file (a trailing line without newline, cut by a kill, is ignored)."""
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
 
@@ -105,6 +141,15 @@ def stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
     return sorted(ids)
 
 
+@dataclass
+class Answer:
+    """One answer: its text, the target's own token ids (end-of-turn excluded), whether the target ended it."""
+
+    text: str
+    token_ids: list[int]
+    finished: bool  # False: cut at max_new_tokens
+
+
 @torch.no_grad()
 def answer_batch(
     model: PreTrainedModel,
@@ -112,8 +157,11 @@ def answer_batch(
     conversations: list[list[dict[str, str]]],
     settings: GenerationSettings,
     seed: int = 0,
-) -> list[str]:
-    """The target's answers to a batch of conversations (left-padded, one ``generate`` call, cut at EOS)."""
+) -> list[Answer]:
+    """The target's answers to a batch of conversations (left-padded, one ``generate`` call, cut at EOS).
+
+    Only the settings here apply: the target's own generation config (a ``repetition_penalty`` or
+    ``no_repeat_ngram_size`` some targets ship) is set aside, so greedy answers are the target's argmax."""
     prompts = [
         tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         for messages in conversations
@@ -123,11 +171,7 @@ def answer_batch(
     input_ids, attention_mask = left_pad(token_lists, pad_id)
     eos_ids = stop_ids(model, tokenizer)
     sampling = settings.temperature > 0
-    if sampling:
-        torch.manual_seed(seed)
-    output = model.generate(
-        input_ids=input_ids.to(model.device),
-        attention_mask=attention_mask.to(model.device),
+    config = GenerationConfig(
         max_new_tokens=settings.max_new_tokens,
         do_sample=sampling,
         temperature=settings.temperature if sampling else None,
@@ -136,10 +180,19 @@ def answer_batch(
         eos_token_id=eos_ids,
         pad_token_id=pad_id,
     )
+    if sampling:
+        torch.manual_seed(seed)
+    with only_this_config(model, config):
+        output = model.generate(
+            input_ids=input_ids.to(model.device),
+            attention_mask=attention_mask.to(model.device),
+            generation_config=config,
+        )
     answers = []
     for row in output[:, input_ids.shape[1] :].tolist():
-        cut = next((i for i, token in enumerate(row) if token in eos_ids), len(row))
-        answers.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
+        cut = next((i for i, token in enumerate(row) if token in eos_ids), None)
+        ids = row if cut is None else row[:cut]
+        answers.append(Answer(tokenizer.decode(ids, skip_special_tokens=True), ids, cut is not None))
     return answers
 
 
@@ -156,6 +209,7 @@ def generate_dataset(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(out_path)
     todo = [record for record in read_prompts(prompts_path, limit) if record["id"] not in done]
+    cut = 0
     with open(out_path, "a", encoding="utf-8") as out, tqdm(total=len(todo), desc="self-distilling") as bar:
         for start in range(0, len(todo), settings.batch_size):
             batch = todo[start : start + settings.batch_size]
@@ -163,10 +217,25 @@ def generate_dataset(
             answers = answer_batch(model, tokenizer, [r["messages"] for r in batch], settings, _seed(settings, ids))
             lines = []
             for record, answer in zip(batch, answers):
-                messages = record["messages"] + [{"role": "assistant", "content": answer}]
-                lines.append(json.dumps({**record, "messages": messages}, ensure_ascii=False) + "\n")
+                messages = record["messages"] + [{"role": "assistant", "content": answer.text}]
+                line = {
+                    **record,
+                    "messages": messages,
+                    "answer_token_ids": answer.token_ids,
+                    "finished": answer.finished,
+                }
+                lines.append(json.dumps(line, ensure_ascii=False) + "\n")
+                cut += not answer.finished
             out.write("".join(lines))
             out.flush()
             os.fsync(out.fileno())
             bar.update(len(batch))
+    if cut:
+        logger.info(
+            "%d of %d answers were cut at max_new_tokens=%d (kept with finished=false: their end-of-turn token is "
+            "not trained on)",
+            cut,
+            len(todo),
+            settings.max_new_tokens,
+        )
     return len(todo)

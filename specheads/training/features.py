@@ -71,13 +71,8 @@ def extract_features(
     input_ids, attention_mask (B, T), right-padded. ``dtype`` casts every floating feature (None keeps the
     target's); top-k probabilities are computed in fp32 before the cast.
     """
-    num_layers = target.config.get_text_config().num_hidden_layers
     needs_logits = with_logits or topk is not None
-    if not (layer_ids or needs_logits) or not all(0 <= i <= num_layers for i in layer_ids):
-        raise ValueError(
-            f"layer_ids={layer_ids} must be HF hidden-state indices in 0..{num_layers} (N = final norm); "
-            "an empty list only when logits or top-k probabilities are asked for."
-        )
+    check_feature_request(target, layer_ids, needs_logits, topk)
     out = target(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -93,6 +88,22 @@ def extract_features(
         values, indices = torch.softmax(out.logits.float(), dim=-1).topk(topk, dim=-1)  # (B, T, k)
         features.topk_values, features.topk_indices = cast(values), indices
     return features
+
+
+def check_feature_request(
+    target: PreTrainedModel, layer_ids: list[int], needs_logits: bool, topk: int | None = None
+) -> None:
+    """Layer ids must be hidden-state indices of this target (an empty list only with logits); top-k within the
+    vocabulary."""
+    text = target.config.get_text_config()
+    num_layers = text.num_hidden_layers
+    if not (layer_ids or needs_logits) or not all(0 <= i <= num_layers for i in layer_ids):
+        raise ValueError(
+            f"layer_ids={layer_ids} must be HF hidden-state indices in 0..{num_layers} (N = final norm); "
+            "an empty list only when logits or top-k probabilities are asked for."
+        )
+    if topk is not None and not 1 <= topk <= text.vocab_size:
+        raise ValueError(f"topk={topk} must lie in 1..{text.vocab_size} (the target's vocabulary size).")
 
 
 def topk_to_dense(values: torch.Tensor, indices: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -200,6 +211,7 @@ def cache_features(
         "data_sha1": _dataset_digest(dataset),
         "target": asdict(TargetRecord.from_model(target)),
     }
+    check_feature_request(target, list(layer_ids), settings["with_logits"] or topk is not None, topk)
     record = {"data": None if data is None else {**data, "paths": _resolved(data["paths"])}}
     meta_path = out_dir / "meta.json"
     if meta_path.exists():

@@ -53,9 +53,14 @@ def train_main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from specheads.training.data import DataError
     from specheads.training.loop import train
 
-    result = train(cfg)
+    try:
+        result = train(cfg)
+    except DataError as err:  # the data files: what was found and how to fix it, without a traceback
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if result.finished:
         shown = {k: round(v, 4) for k, v in result.metrics.items() if k.endswith(("tau", "loss")) or "top1" in k}
         logging.getLogger(__name__).info("saved head to %s after %d steps: %s", result.output_dir, result.step, shown)

@@ -25,3 +25,20 @@ def test_demo_training_overrides_are_a_valid_eagle3_config():
 def test_demo_bench_compares_only_against_plain_generate():
     assert demo.BENCH.methods == [] and demo.BENCH.heads == [str(demo.HEAD_DIR)]
     assert demo.BENCH.lookup_branch == 5  # the head is also shown with a prompt-lookup branch (NAME+lookup)
+
+
+def test_demo_checks_the_question_file_before_ten_minutes_of_training(tmp_path, monkeypatch, capsys):
+    """Without Spec-Bench's questions the benchmark (the last stage) failed after training; --help ran the demo."""
+    import pytest
+
+    import specheads.bench.questions
+    import specheads.target
+
+    monkeypatch.setattr(specheads.target, "load_target", lambda *a, **k: pytest.fail("the demo started"))
+    # a clone with no ../shared next to it: the file is looked for where none is
+    monkeypatch.setattr(specheads.bench.questions, "DEFAULT_QUESTIONS", tmp_path / "no-shared" / "question.jsonl")
+    assert demo.demo_main([]) == 2
+    assert "no Spec-Bench question file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        demo.demo_main(["--help"])
+    assert exit_info.value.code == 0 and "--questions" in capsys.readouterr().out

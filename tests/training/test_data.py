@@ -156,7 +156,7 @@ def test_a_record_of_another_shape_is_named(smollm2, tmp_path):
     records = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
     records.append({"prompt": "q", "response": "a"})
     cfg = DataConfig(paths=[write_jsonl(tmp_path / "mixed.jsonl", records)])
-    expected = r"mixed.jsonl: a record does not have the messages shape.*\['prompt', 'response'\]"
+    expected = r"mixed.jsonl \(record 2\): a record does not have the messages shape.*\[.prompt., .response.\]"
     with pytest.raises(DataError, match=expected):
         build_datasets(cfg, tokenizer)
 
@@ -178,3 +178,62 @@ def test_committed_mix_set_is_what_its_prompt_script_makes(tmp_path):
     first = {json.loads(line)["id"] for line in (repo / "data" / "smollm2-135m-instruct-greedy-1k.jsonl").open()}
     assert not first & set(built)
     assert sum(r["source"].startswith(("summarize_", "context_qa_")) for r in committed) == 500
+
+
+@pytest.mark.parametrize(
+    "turn, message",
+    [
+        (
+            {"role": "assistant", "content": 7},
+            r"bad.jsonl \(record 2\): a turn has role='assistant' and content of type int",
+        ),
+        (
+            {"role": "assistant", "content": None},
+            r"bad.jsonl \(record 2\): a turn has role='assistant' and content of type",
+        ),
+        ({"role": "bot", "content": "hi"}, r"bad.jsonl \(record 2\): a turn has role='bot'; expected one of"),
+    ],
+)
+def test_bad_turns_are_errors_naming_the_record(smollm2, tmp_path, turn, message):
+    """They were jinja or concatenation tracebacks deep in tokenizing, or (an unknown role) silently dropped."""
+    _, tokenizer = smollm2
+    good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    bad = {"messages": [{"role": "user", "content": "q"}, turn]}
+    cfg = DataConfig(paths=[write_jsonl(tmp_path / "bad.jsonl", [good, bad])])
+    with pytest.raises(DataError, match=message):
+        build_datasets(cfg, tokenizer)
+
+
+def test_content_given_as_text_parts_is_joined():
+    parts = [{"type": "text", "text": "Hello "}, {"type": "text", "text": "there."}]
+    record = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "Hi"}]}
+    assert to_messages(record, "messages")[0] == {"role": "user", "content": "Hello there."}
+
+
+def test_special_token_text_inside_an_answer_does_not_end_its_mask(smollm2):
+    _, tokenizer = smollm2
+    answer = "Use <|endoftext|> to end a document. Then write more."
+    sample = tokenize_conversation(
+        [{"role": "user", "content": "How?"}, {"role": "assistant", "content": answer}], tokenizer, 256
+    )
+    assert masked_text(tokenizer, sample) == [answer + END]
+
+
+def test_self_distilled_fields_are_read_beside_files_without_them(smollm2, tmp_path):
+    """A file from `specheads data generate` (target ids, cut answers) and one without those fields load together;
+    a cut answer's end-of-turn token is in the input but not in the loss."""
+    _, tokenizer = smollm2
+    prompt = [{"role": "user", "content": "Say hi."}]
+    ids = tokenizer("Hi there", add_special_tokens=False)["input_ids"]
+    distilled = {"id": "1", "messages": [*prompt, {"role": "assistant", "content": "Hi there"}]}
+    cut = {**distilled, "answer_token_ids": ids, "finished": False}
+    plain = {"prompt": "Say hi.", "response": "Hi there"}
+    cfg = DataConfig(
+        paths=[write_jsonl(tmp_path / "cut.jsonl", [cut]), write_jsonl(tmp_path / "plain.jsonl", [plain])],
+        eval_size=0,
+    )
+    train, _ = build_datasets(cfg, tokenizer)
+    cut_sample, plain_sample = train
+    assert cut_sample["input_ids"] == plain_sample["input_ids"]
+    assert masked_text(tokenizer, cut_sample) == ["Hi there"]
+    assert masked_text(tokenizer, plain_sample) == ["Hi there" + END]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
+import pytest
 import torch
 
+from specheads.training.data import tokenize_conversation
 from specheads.training.data_cli import data_main
 from specheads.training.distill import GenerationSettings, answer_batch, generate_dataset, read_jsonl, read_prompts
 
@@ -42,7 +45,8 @@ def test_batched_greedy_equals_per_prompt_generate(smollm2, tmp_path):
             out = model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :].tolist()
         if tokenizer.eos_token_id in out:
             out = out[: out.index(tokenizer.eos_token_id)]
-        assert answer == tokenizer.decode(out, skip_special_tokens=True)
+        assert answer.text == tokenizer.decode(out, skip_special_tokens=True)
+        assert answer.token_ids == out and answer.finished == (len(out) < 8)
 
 
 def test_resume_skips_done_ids_and_drops_a_partial_line(smollm2, tmp_path):
@@ -69,3 +73,88 @@ def test_generate_cli_samples_reproducibly(smollm2, tmp_path):
         assert data_main(common + ["--top-p", "0.9", "--seed", "7", "--out", str(tmp_path / name)]) == 0
     one, two = read_jsonl(tmp_path / "one.jsonl"), read_jsonl(tmp_path / "two.jsonl")
     assert [r["id"] for r in one] == ["a", "b"] and one == two
+
+
+def test_records_keep_the_targets_own_ids_and_whether_it_stopped(smollm2, tmp_path):
+    """Text re-encodes to other ids (``\\n\\n`` is generated as one token and re-encoded as two), and an answer cut
+    at max_new_tokens must not train the end-of-turn token: lines record both, and the training data uses them."""
+    model, tokenizer = smollm2
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "story", "prompt": "Write two short paragraphs about a cat."})
+        + "\n"
+        + json.dumps({"id": "yes", "prompt": "Answer with one word: is water wet?"})
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    generate_dataset(model, tokenizer, prompts, out, GenerationSettings(max_new_tokens=24, batch_size=2))
+    story, yes = read_jsonl(out)
+    assert story["finished"] is False and len(story["answer_token_ids"]) == 24  # cut
+    assert yes["finished"] is True and len(yes["answer_token_ids"]) < 24  # the target ended it
+    for record in (story, yes):
+        prompt = tokenizer.apply_chat_template(record["messages"][:-1], tokenize=False, add_generation_prompt=True)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        sample = tokenize_conversation(
+            record["messages"], tokenizer, 1024, record["answer_token_ids"], record["finished"]
+        )
+        answer_end = len(prompt_ids) + len(record["answer_token_ids"])
+        assert sample["input_ids"][:answer_end] == prompt_ids + record["answer_token_ids"]  # what the target saw
+        assert tokenizer.convert_ids_to_tokens(sample["input_ids"][answer_end]) == "<|im_end|>"
+        assert sample["loss_mask"][len(prompt_ids) : answer_end] == [1] * len(record["answer_token_ids"])
+        assert sample["loss_mask"][answer_end] == int(record["finished"])  # no stop taught where the cut was
+        assert sum(sample["loss_mask"]) == len(record["answer_token_ids"]) + int(record["finished"])
+
+
+def test_greedy_answers_ignore_the_targets_own_generation_config(smollm2):
+    """Some targets ship repetition_penalty / no_repeat_ngram_size: "greedy" data must still be the argmax."""
+    model, tokenizer = smollm2
+    messages = [[{"role": "user", "content": "List the numbers one to five, then again."}]]
+    settings = GenerationSettings(max_new_tokens=16)
+    plain = answer_batch(model, tokenizer, messages, settings)[0]
+    own = model.generation_config
+    try:
+        model.generation_config = copy.deepcopy(own)
+        model.generation_config.repetition_penalty = 3.0
+        model.generation_config.no_repeat_ngram_size = 2
+        shipped = answer_batch(model, tokenizer, messages, settings)[0]
+        assert model.generation_config.repetition_penalty == 3.0  # the target's own config is put back
+    finally:
+        model.generation_config = own
+    assert shipped.token_ids == plain.token_ids
+
+
+def test_prompt_files_read_their_last_line_and_answer_only_the_first_user_turn(tmp_path, caplog):
+    path = tmp_path / "prompts.jsonl"
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "REFERENCE ANSWER FROM ANOTHER MODEL"},
+        {"role": "user", "content": "And then?"},
+    ]
+    path.write_text(
+        json.dumps({"id": "1", "prompt": "a"})
+        + "\n\n"
+        + json.dumps({"id": "2", "messages": conversation})
+        + "\n"
+        + json.dumps({"id": "3", "prompt": "c"})  # no final newline: an input file, not a line cut by a kill
+    )
+    with caplog.at_level("WARNING", logger="specheads.training.distill"):
+        records = read_prompts(path)
+    assert [r["id"] for r in records] == ["1", "2", "3"]
+    assert records[1]["messages"] == conversation[:2]  # another model's answer is not trained as the target's
+    assert "1 of 3 prompt records hold several user turns" in caplog.text
+    path.write_text(json.dumps({"id": "1", "prompt": "a"}) + "\n\n{not json\n")
+    with pytest.raises(ValueError, match="prompts.jsonl:3: not a JSON record"):
+        read_prompts(path)
+
+
+def test_data_cli_errors_are_one_line_before_the_target_loads(tmp_path, capsys, monkeypatch):
+    import specheads.target
+
+    monkeypatch.setattr(specheads.target, "load_target", lambda *a, **k: pytest.fail("the target was loaded"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "no id"}) + "\n")
+    assert data_main(["generate", "--prompts", str(bad), "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert "record has no 'id'" in capsys.readouterr().err
+    assert data_main(["cache-features", "--data", str(tmp_path / "none.jsonl"), "--out-dir", str(tmp_path / "c")]) == 2
+    assert "data file not found" in capsys.readouterr().err

@@ -121,6 +121,18 @@ def test_cache_resumes_missing_shards_and_refuses_other_settings(smollm2, sample
         cache_features(model, samples, [30], tmp_path, topk=4, shard_size=1)
 
 
+def test_a_wrong_layer_id_leaves_the_cache_folder_usable(smollm2, samples, tmp_path):
+    """It failed after meta.json was written, and the corrected rerun was refused as "other settings"."""
+    model, _ = smollm2
+    with pytest.raises(ValueError, match="layer_ids=\\[2, 31\\] must be HF hidden-state indices in 0..30"):
+        cache_features(model, samples, [2, 31], tmp_path, with_logits=False, shard_size=1)
+    with pytest.raises(ValueError, match="topk=0 must lie in 1..49152"):
+        cache_features(model, samples, [2, 30], tmp_path, topk=0, shard_size=1)
+    assert not (tmp_path / "meta.json").exists()
+    cache_features(model, samples, [2, 30], tmp_path, with_logits=False, shard_size=1)
+    assert json.loads((tmp_path / "meta.json").read_text())["complete"]
+
+
 def test_cache_features_cli_end_to_end(smollm2, tmp_path):
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS), encoding="utf-8")
