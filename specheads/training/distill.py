@@ -204,10 +204,15 @@ def generate_dataset(
     settings: GenerationSettings,
     limit: int | None = None,
 ) -> int:
-    """Answer the first ``limit`` prompts not yet in ``out_path``, appending one line each; return how many."""
+    """Answer the first ``limit`` prompts not yet in ``out_path``, appending one line each; return how many.
+
+    Each line records how it was generated (``generated_with``: target, token limit, sampling); resuming into a file
+    written with other settings is an error rather than a silent mix."""
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(out_path)
+    generated_with = _generated_with(model, settings)
+    _check_same_settings(out_path, generated_with)
     todo = [record for record in read_prompts(prompts_path, limit) if record["id"] not in done]
     cut = 0
     with open(out_path, "a", encoding="utf-8") as out, tqdm(total=len(todo), desc="self-distilling") as bar:
@@ -223,6 +228,7 @@ def generate_dataset(
                     "messages": messages,
                     "answer_token_ids": answer.token_ids,
                     "finished": answer.finished,
+                    "generated_with": generated_with,
                 }
                 lines.append(json.dumps(line, ensure_ascii=False) + "\n")
                 cut += not answer.finished
@@ -239,3 +245,34 @@ def generate_dataset(
             settings.max_new_tokens,
         )
     return len(todo)
+
+
+def _generated_with(model: PreTrainedModel, settings: GenerationSettings) -> dict[str, Any]:
+    """What decides an answer: the target, the token limit and, when sampling, the sampling settings (the batch size
+    too, since a batch's seed depends on its ids)."""
+    record: dict[str, Any] = {"target": str(model.config.name_or_path), "max_new_tokens": settings.max_new_tokens}
+    if settings.temperature > 0:
+        record.update(
+            temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed, batch_size=settings.batch_size
+        )
+    else:
+        record["temperature"] = 0.0
+    return record
+
+
+def _check_same_settings(out_path: Path, generated_with: dict[str, Any]) -> None:
+    """A resumed run must answer the rest the way the lines already written were answered."""
+    if not out_path.exists():
+        return
+    earlier = next((r["generated_with"] for r in reversed(read_jsonl(out_path)) if "generated_with" in r), None)
+    if earlier is None or earlier == generated_with:
+        return
+    changed = [
+        f"{key}: {earlier.get(key)!r} -> {generated_with.get(key)!r}"
+        for key in sorted(set(earlier) | set(generated_with))
+        if earlier.get(key) != generated_with.get(key)
+    ]
+    raise ValueError(
+        f"{out_path} was generated with other settings ({'; '.join(changed)}); resuming would mix two kinds of "
+        "answers in one file. Use the same settings to finish it, or write to another --out."
+    )

@@ -158,3 +158,23 @@ def test_data_cli_errors_are_one_line_before_the_target_loads(tmp_path, capsys, 
     assert "record has no 'id'" in capsys.readouterr().err
     assert data_main(["cache-features", "--data", str(tmp_path / "none.jsonl"), "--out-dir", str(tmp_path / "c")]) == 2
     assert "data file not found" in capsys.readouterr().err
+
+
+def test_resuming_with_other_settings_is_refused(smollm2, tmp_path):
+    """A rerun appended to the same file whatever its settings: greedy and sampled, or 200- and 16-token answers,
+    ended up mixed in one file without a word."""
+    model, tokenizer = smollm2
+    prompts, out = write_prompts(tmp_path), tmp_path / "distill.jsonl"
+    assert generate_dataset(model, tokenizer, prompts, out, GenerationSettings(max_new_tokens=3), limit=1) == 1
+    assert read_jsonl(out)[0]["generated_with"] == {
+        "target": "smollm2-135m-instruct",
+        "max_new_tokens": 3,
+        "temperature": 0.0,
+    }
+    for other, changed in [
+        (GenerationSettings(max_new_tokens=4), "max_new_tokens: 3 -> 4"),
+        (GenerationSettings(max_new_tokens=3, temperature=0.7), "temperature: 0.0 -> 0.7"),
+    ]:
+        with pytest.raises(ValueError, match=f"other settings \\(.*{changed}"):
+            generate_dataset(model, tokenizer, prompts, out, other, limit=2)
+    assert generate_dataset(model, tokenizer, prompts, out, GenerationSettings(max_new_tokens=3, batch_size=1)) == 2
