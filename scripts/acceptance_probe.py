@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from specheads.decoding import SpeculativeGenerator, build_drafter
 from specheads.heads import load_head
 from specheads.target import load_target
-from specheads.training.features import CachedFeatureDataset
+from specheads.training.feature_cache import CachedFeatureDataset
 
 
 def main() -> None:

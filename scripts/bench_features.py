@@ -16,7 +16,8 @@ import torch
 
 from specheads.target import load_target
 from specheads.training.data import DataConfig, build_datasets, collate
-from specheads.training.features import CachedFeatureDataset, cache_features, collate_features, extract_features
+from specheads.training.feature_cache import CachedFeatureDataset, collate_features
+from specheads.training.features import cache_features, extract_features
 
 
 def main() -> None:

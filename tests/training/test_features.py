@@ -11,14 +11,8 @@ import torch.nn.functional as F
 
 from specheads.training.data import collate, tokenize_conversation
 from specheads.training.data_cli import data_main
-from specheads.training.features import (
-    CachedFeatureDataset,
-    TargetFeatures,
-    cache_features,
-    collate_features,
-    extract_features,
-    topk_to_dense,
-)
+from specheads.training.feature_cache import CachedFeatureDataset, collate_features
+from specheads.training.features import TargetFeatures, cache_features, extract_features, topk_to_dense
 
 BUCKETS = 64
 LAYERS = [2, 15, 27, 30]  # the EAGLE-3 set and the last (post-norm) state of the 30-layer SmolLM2

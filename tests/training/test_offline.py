@@ -12,7 +12,7 @@ from train_helpers import REPO, tiny_overrides
 from specheads.target import load_target
 from specheads.training.config import load_config
 from specheads.training.data_cli import data_main
-from specheads.training.features import CachedFeatureDataset, open_feature_caches
+from specheads.training.feature_cache import CachedFeatureDataset, open_feature_caches
 from specheads.training.loop import train
 
 
@@ -111,7 +111,7 @@ def test_a_cache_of_another_target_is_refused(
 
     renamed, tokenizer = load_target(tiny_target_dir)
     renamed.config.name_or_path = "a-renamed-copy"
-    with caplog.at_level(logging.WARNING, logger="specheads.training.features"):
+    with caplog.at_level(logging.WARNING, logger="specheads.training.feature_cache"):
         assert train(
             _offline_medusa(tiny_target_dir, small_chat_file, tmp_path / "b", four_layer_cache), renamed, tokenizer
         ).finished
@@ -126,7 +126,7 @@ def test_offline_training_warns_about_the_data_settings_it_ignores(
     """Offline training reads the cached samples: data.* settings that differ from the cache's are named."""
     extra = ["data.max_length=16", "data.paths=[/does/not/exist.jsonl]", "data.max_samples=12", "data.eval_size=4"]
     cfg = _offline_medusa(tiny_target_dir, small_chat_file, tmp_path, four_layer_cache, *extra)
-    with caplog.at_level(logging.WARNING, logger="specheads.training.features"):
+    with caplog.at_level(logging.WARNING, logger="specheads.training.feature_cache"):
         assert train(cfg).finished
     warning = next(r.getMessage() for r in caplog.records if "these settings are ignored" in r.getMessage())
     assert "data.paths=['/does/not/exist.jsonl'] (cache: [" in warning
