@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +72,24 @@ def write_model_card(path: Path, head: DraftHead, card: dict[str, Any]) -> None:
                 "",
                 f"## {section.capitalize()}",
                 "```json",
-                json.dumps(card[section], indent=2, default=str),
+                json.dumps(_without_local_prefixes(card[section]), indent=2, default=str),
                 "```",
             ]
     text = f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"
     ModelCard(text).save(path)
+
+
+def _without_local_prefixes(value: Any) -> Any:
+    """A card is published with the head: paths under the working directory are written relative to it, paths under
+    the home directory from ``~`` (a user name or machine layout is nobody else's business)."""
+    if isinstance(value, dict):
+        return {key: _without_local_prefixes(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_local_prefixes(item) for item in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        cwd, home = os.getcwd(), os.path.expanduser("~")
+        if value.startswith(cwd + os.sep):
+            return os.path.relpath(value, cwd)
+        if home != os.sep and value.startswith(home + os.sep):
+            return "~" + value[len(home) :]
+    return value

@@ -26,6 +26,18 @@ def test_card_has_hub_metadata_and_metrics(tiny_llama, tmp_path):
     assert "weights:" not in card.text  # the tiny target is not a built-in one
 
 
+def test_card_writes_local_paths_without_the_users_directories(tiny_llama, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    home = os.path.expanduser("~")
+    training = {"data": {"paths": [str(tmp_path / "data" / "x.jsonl"), f"{home}/corpora/y.jsonl", "rel/z.jsonl"]}}
+    EagleDrafter(EagleConfig(version=3), tiny_llama).save_pretrained(tmp_path / "head", card={"training": training})
+    text = (tmp_path / "head" / "README.md").read_text()
+    assert '"data/x.jsonl"' in text and '"~/corpora/y.jsonl"' in text and '"rel/z.jsonl"' in text
+    assert str(tmp_path) not in text and f"{home}/" not in text
+
+
 def test_card_of_a_head_for_the_builtin_target_names_the_weights_it_was_trained_on(tiny_llama, tmp_path):
     """base_model links the original Hub model; the head was trained on the dequantized GGUF, and the card says so."""
     head = EagleDrafter(EagleConfig(version=3), tiny_llama)
