@@ -21,6 +21,7 @@ from typing import Any
 import safetensors.torch
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from omegaconf import OmegaConf
 
 from specheads.training.tracking import flatten
@@ -78,7 +79,7 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
+    accelerator.save_state(str(tmp), **_engine_kwargs(accelerator, exclude_frozen_parameters=True))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / CONFIG_FILE).write_text(config_yaml)
@@ -174,14 +175,25 @@ def _shown(flat: dict[str, Any], key: str) -> str:
     return repr(flat[key]) if key in flat else "(unset)"
 
 
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> None:
+    """Restore a checkpoint written by ``save_checkpoint`` (DeepSpeed's holds no frozen weights to load)."""
+    accelerator.load_state(str(checkpoint), **_engine_kwargs(accelerator, load_module_strict=False))
+
+
+def _engine_kwargs(accelerator: Accelerator, **deepspeed: Any) -> dict[str, Any]:
+    """Options for DeepSpeed's own save/load (Accelerate hands them to ``engine.save_checkpoint`` /
+    ``load_checkpoint``): frozen weights are left out of its checkpoints, as the save-state hook does elsewhere."""
+    return deepspeed if accelerator.distributed_type == DistributedType.DEEPSPEED else {}
+
+
 def keep_trainable_state_only(accelerator: Accelerator) -> None:
     """Checkpoints hold what training changes, not frozen weights the run rebuilds identically from its config.
 
     Medusa-2's objective holds the whole adapted target (~0.5 GB for SmolLM2) of which only the LoRA adapters train.
     Accelerate's save-state hook drops parameters that do not require grad from the saved model state; its load-state
     hook loads the weights itself, checking that nothing but those is missing and nothing is unexpected (a checkpoint
-    that still holds them loads too). This covers the plain and DDP paths; FSDP and DeepSpeed save through their own
-    engines and keep every tensor.
+    that still holds them loads too). This covers the plain and DDP paths; DeepSpeed saves through its own engine,
+    told to leave frozen parameters out (``save_checkpoint``); FSDP saves through its own and keeps every tensor.
     """
     accelerator.register_save_state_pre_hook(_drop_frozen_weights)
     accelerator.register_load_state_pre_hook(_load_weights_checked)

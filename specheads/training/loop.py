@@ -40,6 +40,7 @@ from specheads.target import load_target
 from specheads.training.checkpoint import (
     check_resume_config,
     keep_trainable_state_only,
+    load_checkpoint,
     read_step,
     resolve_resume,
     save_checkpoint,
@@ -358,7 +359,7 @@ def train(
 
     step = 0
     if resume_from is not None:
-        accelerator.load_state(str(resume_from))
+        load_checkpoint(accelerator, resume_from)
         step = read_step(resume_from)
         logger.info("resumed from %s at step %d", resume_from, step)
     if accelerator.is_main_process:

@@ -158,3 +158,30 @@ def test_fsdp_config_builds_accelerates_fsdp2_plugin(monkeypatch):
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
     assert plugin.auto_wrap_policy is None  # NO_WRAP: the small objective is one FSDP unit
     assert "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
+
+
+def test_medusa2_under_deepspeed_checkpoints_without_the_frozen_target_and_resumes(
+    tiny_target_dir, small_chat_file, tmp_path
+):
+    """Medusa-2's objective holds the whole adapted target; DeepSpeed saves it through its own engine, which is told
+    to leave frozen parameters out (it kept all of them). A run resumed from the step-2 checkpoint ends where the
+    uninterrupted run does."""
+    settings = dict(max_steps=4, batch_size=2, eval_every=0, save_every=2, keep_last=2)
+    whole_dir = tmp_path / "whole" / "run"
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, whole_dir, **settings) + ["train.max_grad_norm=0.5"]
+    whole = _launch("deepspeed-zero2.yaml", "medusa2", tmp_path / "whole", overrides)
+    states = torch.load(
+        whole_dir / "checkpoints" / "step-00000002" / "pytorch_model" / "mp_rank_00_model_states.pt", weights_only=True
+    )["module"]
+    frozen = [name for name in states if not name.startswith("head.") and "lora_" not in name]
+    # the one frozen tensor left is the tied embedding under its lm_head alias (DeepSpeed drops a frozen parameter
+    # by the name named_parameters gives it, which is the embedding's)
+    assert frozen == ["adapted.base_model.model.lm_head.weight"], frozen
+    checkpoint = whole_dir / "checkpoints" / "step-00000002"
+    resumed_dir = tmp_path / "resumed" / "run"
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, resumed_dir, **settings)
+    overrides += ["train.max_grad_norm=0.5", f"train.resume={checkpoint}"]
+    resumed = _launch("deepspeed-zero2.yaml", "medusa2", tmp_path / "resumed", overrides)
+    assert resumed[0]["step"] == whole[0]["step"] == 4
+    assert resumed[0]["checksum"] == pytest.approx(whole[0]["checksum"], rel=1e-9, abs=1e-9)
+    assert (resumed_dir / "lora" / "adapter_model.safetensors").is_file()
