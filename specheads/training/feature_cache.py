@@ -113,6 +113,16 @@ class CachedFeatureDataset(Dataset):
         """Token count of every sample, in order."""
         return [b - a for offsets in self._offsets for a, b in zip(offsets[:-1], offsets[1:])]
 
+    def loss_tokens(self) -> list[list[int]]:
+        """The tokens under the loss mask of every sample, in order, read from the token columns alone (the
+        features, hundreds of times larger, stay on disk)."""
+        tokens = []
+        for shard, offsets in enumerate(self._offsets):
+            with safe_open(shard_path(self.out_dir, shard), framework="pt") as f:
+                ids, mask = f.get_tensor("input_ids").long(), f.get_tensor("loss_mask").bool()
+            tokens += [ids[a:b][mask[a:b]].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+        return tokens
+
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(f"sample {index} out of range for a cache of {len(self)} samples")
@@ -153,6 +163,9 @@ class ConcatFeatureCache(ConcatDataset):
     def lengths(self) -> list[int]:
         """Token count of every sample, in order."""
         return [n for cache in self.caches for n in cache.lengths()]
+
+    def loss_tokens(self) -> list[list[int]]:
+        return [tokens for cache in self.caches for tokens in cache.loss_tokens()]
 
 
 FEATURE_CACHES = (CachedFeatureDataset, ConcatFeatureCache)  # what an offline run reads

@@ -267,8 +267,7 @@ def _lengths(dataset: Any) -> list[int]:
 def _loss_tokens(dataset: Any) -> list[list[int]]:
     """Assistant tokens of every training sample (what an EAGLE-3 draft vocabulary is counted from)."""
     if isinstance(dataset, FEATURE_CACHES):
-        rows = (dataset[i] for i in range(len(dataset)))
-        return [sample["input_ids"][sample["loss_mask"].bool()].tolist() for sample in rows]
+        return dataset.loss_tokens()
     return [[t for t, m in zip(ids, mask) if m] for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
 
 

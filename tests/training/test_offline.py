@@ -16,12 +16,14 @@ from specheads.training.feature_cache import CachedFeatureDataset, open_feature_
 from specheads.training.loop import train
 
 
-# eagle1: hidden states + the target distribution; draft_model: the target distribution only
-@pytest.mark.parametrize("head", ["eagle1", "draft_model"])
+# eagle1: hidden states + the target distribution; draft_model: the target distribution only; eagle3: three layers
+# and a draft vocabulary counted from the training tokens (read from the cache's token columns offline)
+@pytest.mark.parametrize("head", ["eagle1", "draft_model", "eagle3"])
 def test_offline_features_give_the_online_losses(head, tiny_target_dir, small_chat_file, tmp_path):
     cache = tmp_path / "cache"
     data_args = ["--data", str(small_chat_file), "--max-length", "64", "--eval-size", "8", "--max-samples", "24"]
-    cache_args = ["--target", str(tiny_target_dir), "--out-dir", str(cache), "--layer-ids", "4", "--dtype", "fp32"]
+    layers = ["1", "2", "3"] if head == "eagle3" else ["4"]
+    cache_args = ["--target", str(tiny_target_dir), "--out-dir", str(cache), "--layer-ids", *layers, "--dtype", "fp32"]
     assert data_main(["cache-features", *data_args, *cache_args]) == 0
     config = REPO / "configs" / head / "smollm2-135m.yaml"
     runs = {}
@@ -29,6 +31,9 @@ def test_offline_features_give_the_online_losses(head, tiny_target_dir, small_ch
         overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / mode, max_steps=2, eval_every=2)
         overrides += ["data.max_samples=24", "loss.input_noise=0.0", f"features.mode={mode}"]
         overrides += ["head.options.copy_target_layers=2"] * (head == "draft_model")
+        overrides += ["head.options.layer_ids=[1,2,3]", "head.options.draft_vocab_size=512", "loss.ttt_steps=2"] * (
+            head == "eagle3"
+        )
         overrides += [f"features.cache_dir={cache}"] * (mode == "offline")
         runs[mode] = train(load_config(config, overrides))
     online, offline = runs["online"].history, runs["offline"].history
@@ -54,6 +59,10 @@ def test_several_caches_train_as_one_dataset(tiny_target_dir, small_chat_file, t
     assert len(both) == len(first) + len(second) == 24
     assert both.lengths() == first.lengths() + second.lengths()
     assert torch.equal(both[len(first) + 3]["hidden_states.4"], second[3]["hidden_states.4"])
+    # what an EAGLE-3 draft vocabulary is counted from, read without loading the features
+    every = [both[i] for i in range(len(both))]
+    assert both.loss_tokens() == [s["input_ids"][s["loss_mask"].bool()].tolist() for s in every]
+    assert both.loss_tokens() == first.loss_tokens() + second.loss_tokens()
 
     # The untrained head's eval loss over both eval splits (one batch of 4 from each) is the mean of each alone.
     step0 = {}
