@@ -119,6 +119,10 @@ def _from_pretrained(
     try:
         model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
     except ValueError as err:
+        if kwargs.get("attn_implementation") == "sdpa" and "scaled_dot_product_attention" in str(err):
+            # e.g. Gemma2 (soft-capped attention) refuses sdpa; eager takes the same additive 4D mask
+            logger.warning("%s does not support sdpa attention; loading it with eager attention instead", location)
+            return _from_pretrained(location, {**kwargs, "attn_implementation": "eager"}, tokenizer_kwargs)
         if "Unrecognized configuration class" in str(err):
             raise TargetLoadError(
                 f"{location} is not a causal language model (AutoModelForCausalLM cannot load it): {err}"

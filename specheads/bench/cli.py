@@ -179,8 +179,11 @@ def build_methods(
                 )
             assistant, label = trained.model, settings.assistant
         else:
-            assistant = DraftModel.from_target(target, settings.assistant_layers).model.to(target.device).eval()
-            label = f"first {settings.assistant_layers} target layers (untrained)"
+            layers = min(settings.assistant_layers, target.config.get_text_config().num_hidden_layers - 1)
+            if layers < 1:
+                raise ValueError("the target has one layer: no smaller assistant can be cut from it; pass --assistant")
+            assistant = DraftModel.from_target(target, layers).model.to(target.device).eval()
+            label = f"first {layers} target layers (untrained)"
         assistant.requires_grad_(False)
         methods.append(hf_method("hf-assisted", target, description=f"assistant_model: {label}", assistant=assistant))
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
@@ -346,7 +349,11 @@ def bench_main(argv: list[str] | None = None) -> int:
         )
     settings = BenchSettings(**{k: v for k, v in vars(args).items()})
     settings.trees = settings.trees or ["auto"]
-    report, paths = run_bench(settings)
+    try:
+        report, paths = run_bench(settings)
+    except ValueError as error:  # settings, heads or prompts the target cannot take: what and how to fix it
+        print(f"specheads bench: error: {error}", file=sys.stderr)
+        return 2
     print(paths["markdown"].read_text())
     for label, path in paths.items():
         print(f"{label}: {path}")

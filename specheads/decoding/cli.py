@@ -150,16 +150,20 @@ def generate_main(argv: list[str] | None = None) -> int:
     prompt: Any = args.prompt
     if args.raw:
         prompt = tokenizer(args.prompt, return_tensors="pt").input_ids
-    result = generator.generate(
-        prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        stop=args.stop,
-        seed=args.seed,
-        stream=lambda piece: print(piece, end="", flush=True),
-    )
+    try:
+        result = generator.generate(
+            prompt,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            stop=args.stop,
+            seed=args.seed,
+            stream=lambda piece: print(piece, end="", flush=True),
+        )
+    except ValueError as error:  # a request the target cannot take (context length, sliding window): say why
+        _stderr(f"specheads generate: error: {error}")
+        return 2
     print()
     print(f"[{describe(spec, args)}] {result.stats.summary()}", file=sys.stderr)
     return 0

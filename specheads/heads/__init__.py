@@ -1,6 +1,7 @@
 """What a draft head is: modules, configs, save/load. No training or decoding logic lives here."""
 
 from specheads.heads.base import DraftHead
+from specheads.heads.borrowed import UnsupportedTargetError
 from specheads.heads.config import FORMAT_VERSION, HeadConfig, HeadConfigError, TargetRecord
 from specheads.heads.draft_model import DraftModel, DraftModelConfig
 from specheads.heads.eagle import (
@@ -39,6 +40,7 @@ __all__ = [
     "MedusaConfig",
     "MedusaHeads",
     "TargetRecord",
+    "UnsupportedTargetError",
     "build_vocab_maps",
     "causal_additive_mask",
     "default_eagle3_layer_ids",

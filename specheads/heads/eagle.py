@@ -15,6 +15,7 @@ widens q/k/v to 2H); only the wiring of its submodules is written here, never a 
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specheads.heads.base import DraftHead
-from specheads.heads.borrowed import borrow, decoder_layer_parts
+from specheads.heads.borrowed import UnsupportedTargetError, borrow, decoder_layer_parts
 from specheads.heads.config import HeadConfig, HeadConfigError, TargetRecord, default_dtype_of
 from specheads.heads.masks import causal_additive_mask
 
@@ -96,6 +97,7 @@ class EagleDrafter(DraftHead):
         layer_config = copy.deepcopy(target.config.get_text_config())
         self.layer = layer_cls(layer_config, 0).to(dtype)
         self.rotary = rotary_cls(config=layer_config)
+        _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
         if config.version == 1:
             if config.draft_vocab_size is not None:
                 raise HeadConfigError(
@@ -242,3 +244,36 @@ class EagleDrafter(DraftHead):
         if config.version == 3 and config.draft_vocab_size not in (None, config.target.vocab_size):
             d2t = torch.arange(config.draft_vocab_size)
         return cls(config, target, d2t=d2t)
+
+
+EAGLE_LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+"""What the drafter's forward calls on the target's decoder layer: pre-norm attention, then a pre-norm MLP."""
+
+
+def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, target_name: str) -> None:
+    """The drafter runs the target's decoder layer as a Llama-style block. Layers with more to them (Gemma2/3's
+    extra feed-forward norms, rotary embeddings that depend on the layer type) or, for EAGLE-3's widened attention,
+    fused q/k/v projections (Phi-3) would be silently mis-wired or crash mid-training: refuse them here."""
+    problems = [f"no `{name}`" for name in EAGLE_LAYER_PARTS if not hasattr(layer, name)]
+    unused = sorted(
+        name for name, child in layer.named_children() if name not in EAGLE_LAYER_PARTS and "norm" in name.lower()
+    )
+    if unused:
+        problems.append(f"norms the drafter's pre-norm block would not apply ({', '.join(unused)})")
+    rotary_args = [
+        p.name
+        for p in list(inspect.signature(rotary.forward).parameters.values())[2:]
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if rotary_args:
+        problems.append(f"a rotary embedding that also needs {rotary_args}")
+    attn = getattr(layer, "self_attn", None)
+    if version == 3 and attn is not None and not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")):
+        problems.append("fused attention projections (EAGLE-3 widens separate q_proj/k_proj/v_proj)")
+    if problems:
+        raise UnsupportedTargetError(
+            f"EAGLE-{version} builds its drafter from {target_name}'s decoder layer ({type(layer).__name__}), which "
+            f"has {'; '.join(problems)}. Expected a Llama-style layer (Llama, Mistral, Qwen2/3, SmolLM, Gemma). "
+            "Medusa heads and draft models work with this target"
+            + ("; so does EAGLE-1." if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else ".")
+        )

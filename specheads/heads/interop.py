@@ -33,6 +33,7 @@ from typing import Any
 import safetensors
 import safetensors.torch
 import torch
+from torch import nn
 from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead, make_readable
@@ -174,6 +175,26 @@ def _check_llama_layer(head: EagleDrafter, tensors: dict[str, Any], prefix: str,
         raise ExportError(
             f"the drafter's decoder layer ({type(head.layer).__name__}) is not a plain Llama layer, which is what the "
             f"engines' EAGLE drafters are: extra tensors {sorted(found - expected)}, missing {sorted(expected - found)}"
+        )
+    # Same tensor names do not make the same layer: Gemma's norms scale by (1 + w), and its MLP uses GELU; an engine
+    # running the weights as a Llama layer would compute something else, silently.
+    norm = head.layer.post_attention_layernorm  # the input norm may be an Identity (EAGLE-1, input_norm=false)
+    if hasattr(norm, "weight"):
+        probe = copy.deepcopy(norm).float()
+        with torch.no_grad():
+            probe.weight.fill_(2.0)
+            scaled = probe(torch.ones(1, probe.weight.shape[0])).mean().item()  # x * w on a unit-RMS input: 2
+        if abs(scaled - 2.0) > 1e-3:
+            raise ExportError(
+                f"the drafter's norms ({type(norm).__name__}) do not compute x * w as a Llama RMSNorm does (a weight "
+                f"of 2 gives {scaled:.3f}); the engines would run this layer as a Llama layer and compute another thing"
+            )
+    act = getattr(head.layer.mlp, "act_fn", None)
+    probe = torch.tensor([-2.0, 0.5, 3.0])
+    if act is not None and not torch.allclose(act(probe), nn.functional.silu(probe), atol=1e-4):
+        raise ExportError(
+            f"the drafter's MLP activation ({type(act).__name__}) is not SiLU, which the engines' Llama drafter layer "
+            "uses: it would compute something else"
         )
 
 

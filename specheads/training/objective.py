@@ -18,7 +18,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from specheads.heads import DraftModel, EagleDrafter, MedusaHeads, padding_causal_mask
-from specheads.training.config import LoraSection, LossSection
+from specheads.training.config import ConfigError, LoraSection, LossSection
 from specheads.training.losses import (
     Stats,
     TargetDistribution,
@@ -232,7 +232,16 @@ def build_objective(
         peft_config = LoraConfig(
             r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules)
         )
-        return Medusa2Objective(head, get_peft_model(target, peft_config), loss, lora)
+        try:
+            adapted = get_peft_model(target, peft_config)
+        except ValueError as err:  # peft's "Target modules ... not found in the base model"
+            linear = sorted({name.rsplit(".", 1)[-1] for name, m in target.named_modules() if isinstance(m, nn.Linear)})
+            raise ConfigError(
+                f"lora.target_modules={list(lora.target_modules)} names no module of {type(target).__name__} ({err}); "
+                f"its Linear layers are named {linear}: set lora.target_modules to some of them (e.g. the attention "
+                "projections)."
+            ) from None
+        return Medusa2Objective(head, adapted, loss, lora)
     if isinstance(head, MedusaHeads):
         return MedusaObjective(head, loss)
     if isinstance(head, EagleDrafter):

@@ -53,12 +53,14 @@ def train_main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from specheads.heads import UnsupportedTargetError
+    from specheads.target import TargetLoadError
     from specheads.training.data import DataError
     from specheads.training.loop import train
 
     try:
         result = train(cfg)
-    except DataError as err:  # the data files: what was found and how to fix it, without a traceback
+    except (ConfigError, DataError, UnsupportedTargetError, TargetLoadError) as err:  # what to fix, without a traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     if result.finished:

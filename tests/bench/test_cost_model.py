@@ -385,3 +385,13 @@ def test_auto_tree_of_a_hub_head_is_keyed_by_its_snapshot(tiny_llama, tmp_path, 
     hub_b = in_local_hub_cache(tmp_path / "b", "someone/medusa-b", monkeypatch)
     assert head_fingerprint(hub_a) == head_fingerprint(tmp_path / "a")
     assert head_fingerprint(hub_a) != head_fingerprint(hub_b)
+
+
+def test_default_assistant_fits_a_target_with_fewer_layers_than_six(tiny_llama):
+    """--assistant-layers 6 (the default) raised a HeadConfigError traceback for targets of 6 layers or fewer."""
+    from specheads.bench.cli import BenchSettings, build_methods
+
+    settings = BenchSettings(heads=[], methods=["hf-assisted"])
+    methods = build_methods(settings, tiny_llama, WordTokenizer(), [torch.randint(0, 128, (8,))], "none")
+    assisted = next(m for m in methods if m.name == "hf-assisted")
+    assert "first 1 target layers" in assisted.description  # the tiny target has 2 layers

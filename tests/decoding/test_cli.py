@@ -127,3 +127,23 @@ def test_build_drafter_tree_settings(tiny_llama):
     with pytest.raises(ValueError, match="EAGLE"):
         build_drafter(eagle, "small10")
     assert isinstance(build_drafter(eagle, "dynamic"), EagleTreeDrafter)
+
+
+def test_a_request_beyond_a_sliding_window_is_a_one_line_error(tmp_path, capsys):
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    from specheads.target import ensure_builtin_converted
+
+    config = MistralConfig(
+        vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, sliding_window=16,
+    )  # fmt: skip
+    MistralForCausalLM(config).save_pretrained(tmp_path / "mistral")
+    AutoTokenizer.from_pretrained(ensure_builtin_converted("smollm2-135m-instruct")).save_pretrained(
+        tmp_path / "mistral"
+    )
+    argv = ["--target", str(tmp_path / "mistral"), "--prompt", "Hello there", "--raw", "--max-new-tokens", "40"]
+    assert generate_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "specheads generate: error:" in err and "sliding-window attention (window 16 tokens)" in err
+    assert "Traceback" not in err

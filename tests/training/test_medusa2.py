@@ -59,3 +59,24 @@ def test_medusa2_checkpoints_leave_the_frozen_target_out_and_resume_exactly(tiny
         assert expected.keys() == found.keys()
         for name in expected:
             torch.testing.assert_close(found[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_lora_modules_the_target_lacks_are_a_config_error_naming_its_linear_layers():
+    """Phi-3 fuses q/k/v into qkv_proj: the shipped Medusa-2 config's [q_proj, v_proj] was a peft traceback."""
+    import pytest
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    from specheads.heads import MedusaConfig, MedusaHeads
+    from specheads.training.config import ConfigError, LoraSection, LossSection
+    from specheads.training.objective import build_objective
+
+    config = Phi3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=0,
+    )  # fmt: skip
+    target = Phi3ForCausalLM(config).eval().requires_grad_(False)
+    head = MedusaHeads(MedusaConfig(num_heads=2), target)
+    lora = LoraSection(enabled=True, target_modules=["q_proj", "v_proj"])
+    with pytest.raises(ConfigError, match="its Linear layers are named .*'qkv_proj'"):
+        build_objective(head, target, LossSection(), lora, seed=0)
+    build_objective(head, target, LossSection(), LoraSection(enabled=True, target_modules=["qkv_proj"]), seed=0)
