@@ -175,9 +175,11 @@ def _shown(flat: dict[str, Any], key: str) -> str:
     return repr(flat[key]) if key in flat else "(unset)"
 
 
-def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike) -> None:
-    """Restore a checkpoint written by ``save_checkpoint`` (DeepSpeed's holds no frozen weights to load)."""
-    accelerator.load_state(str(checkpoint), **_engine_kwargs(accelerator, load_module_strict=False))
+def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, model: torch.nn.Module) -> None:
+    """Restore a checkpoint written by ``save_checkpoint``. DeepSpeed's holds no frozen weights, so only a model
+    with frozen parameters (Medusa-2's adapted target) is loaded non-strictly; every other one stays strict."""
+    frozen = any(not p.requires_grad for p in model.parameters())
+    accelerator.load_state(str(checkpoint), **_engine_kwargs(accelerator, load_module_strict=not frozen))
 
 
 def _engine_kwargs(accelerator: Accelerator, **deepspeed: Any) -> dict[str, Any]:

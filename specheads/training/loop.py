@@ -358,7 +358,7 @@ def train(
 
     step = 0
     if resume_from is not None:
-        load_checkpoint(accelerator, resume_from)
+        load_checkpoint(accelerator, resume_from, objective)
         step = read_step(resume_from)
         logger.info("resumed from %s at step %d", resume_from, step)
     if accelerator.is_main_process:
