@@ -16,6 +16,7 @@ Sequoia's, https://arxiv.org/abs/2402.12374, under a position-independence assum
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import os
@@ -77,6 +78,24 @@ def device_label(device: torch.device) -> str:
     return f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
 
 
+def architecture_digest(target: PreTrainedModel) -> str:
+    """A digest of what a forward's cost depends on besides the device and dtype: the model's config (its name and
+    the transformers version left out) and its attention implementation. Two folders holding the same architecture
+    share a cost curve; a folder overwritten with another model does not reuse the old one's."""
+    config = {k: v for k, v in target.config.to_dict().items() if k not in _NOT_ARCHITECTURE}
+    config["attn_implementation"] = target.config._attn_implementation
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+_NOT_ARCHITECTURE = ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")
+
+
+def cache_file_name(*parts: object) -> str:
+    """A file name from key parts: characters other than letters, digits, '-', '_' and '.' become '_'."""
+    key = "__".join(str(part) for part in parts)
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key) + ".json"
+
+
 @torch.inference_mode()
 def measure_cost_curve(
     target: PreTrainedModel, sizes: Sequence[int] = COST_SIZES, prefix_len: int = 128, repeats: int = 3
@@ -116,10 +135,12 @@ def load_or_measure_cost_curve(
     sizes: Sequence[int] = COST_SIZES,
     repeats: int = 3,
 ) -> CostCurve:
-    """The cached curve for (device, model, dtype) under ``cache_dir``, measuring and caching it on first use."""
+    """The cached curve for (device, architecture, dtype) under ``cache_dir``, measuring and caching it on first
+    use."""
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    key = f"{device_label(target.device)}__{target.config.name_or_path}__{dtype}__v{COST_CURVE_VERSION}"
-    path = Path(cache_dir) / "cost_model" / ("".join(c if c.isalnum() or c in "-_." else "_" for c in key) + ".json")
+    name = Path(str(target.config.name_or_path)).name  # readable; the digest is what tells models apart
+    key = (device_label(target.device), name, architecture_digest(target), dtype, f"v{COST_CURVE_VERSION}")
+    path = Path(cache_dir) / "cost_model" / cache_file_name(*key)
     if path.is_file() and not refresh:
         return CostCurve(**json.loads(path.read_text()))
     curve = measure_cost_curve(target, sizes, repeats=repeats)

@@ -31,6 +31,8 @@ from specheads.decoding.cost_model import (
     DraftCost,
     RecordingDrafter,
     TreeChoice,
+    architecture_digest,
+    cache_file_name,
     choose_lookup_solo,
     choose_tree,
     device_label,
@@ -206,12 +208,31 @@ def head_fingerprint(head_dir: str | os.PathLike) -> str:
     return digest.hexdigest()[:16]
 
 
+def target_weights_stamp(target: PreTrainedModel) -> str:
+    """A digest of the target's weight files' names, sizes and modification times (a local folder or file, or a
+    built-in target's converted copy), or of the Hub revision it was loaded at: a target overwritten in place gets a
+    new ``auto`` tree. Reading the weights themselves would take as long as loading them."""
+    from specheads.target import builtin_cache_dir
+
+    name = str(target.config.name_or_path)
+    local = next((p for p in (Path(name).expanduser(), builtin_cache_dir(name)) if p.exists()), None)
+    digest = hashlib.sha256(str(getattr(target.config, "_commit_hash", None)).encode())
+    if local is not None:
+        files = [local] if local.is_file() else sorted(local.rglob("*"))
+        for path in (p for p in files if p.is_file() and p.suffix in (".safetensors", ".bin", ".gguf", ".pt")):
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns};".encode())
+    return digest.hexdigest()[:12]
+
+
 def auto_tree_cache_path(cache_dir: str | os.PathLike, head_dir: str | os.PathLike, target: PreTrainedModel) -> Path:
-    """Where the ``auto`` tree for this head on this target, device and dtype is cached."""
+    """Where the ``auto`` tree for this head on this target (architecture and weight files), device and dtype is
+    cached."""
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    key = f"{head_fingerprint(head_dir)}__{device_label(target.device)}__{target.config.name_or_path}__{dtype}"
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{key}__v{AUTO_TREE_VERSION}")
-    return Path(cache_dir) / "auto_trees" / f"{name}.json"
+    name = Path(str(target.config.name_or_path)).name
+    model = f"{name}__{architecture_digest(target)}{target_weights_stamp(target)}"
+    key = (head_fingerprint(head_dir), device_label(target.device), model, dtype, f"v{AUTO_TREE_VERSION}")
+    return Path(cache_dir) / "auto_trees" / cache_file_name(*key)
 
 
 def parse_solo_length(value: str) -> int | str:

@@ -22,6 +22,9 @@ SIZES = [1, 2, 4, 8, 16, 32, 64]
 # CPU-like: 64 nodes cost ~3.5x one step (shared NOTES); GPU-like: flat until far past 64.
 CPU = CostCurve(SIZES, [0.051, 0.07, 0.087, 0.097, 0.114, 0.138, 0.177])
 GPU = CostCurve(SIZES, [0.020, 0.020, 0.020, 0.0201, 0.0202, 0.0205, 0.021])
+# For auto trees calibrated here: the tiny drafters' measured cost is milliseconds, but tens of them on a loaded
+# machine; with verification this slow and flat, drafting pays whatever the machine's load.
+SLOW_FLAT = CostCurve(SIZES, [2.0, 2.0, 2.0, 2.0, 2.0, 2.01, 2.02])
 # A decent head: rank 0 right 70% of the time at depth 1, decaying with depth; lower ranks less likely.
 ACCEPTANCE = RankAcceptance([[0.7 * 0.9**d, 0.12, 0.05, 0.03] for d in range(6)])
 
@@ -207,7 +210,7 @@ def test_auto_solo_length_builds_a_lossless_branch_and_needs_an_auto_tree(tiny_l
     head = DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).eval()
     block = torch.randint(0, 128, (6,))
     prompts = [block.repeat(3), torch.randint(0, 128, (12,))]  # the first prompt repeats itself: lookup matches
-    spec = auto_drafter(head, tiny_llama, WordTokenizer(), GPU, prompts, max_new_tokens=12)
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), SLOW_FLAT, prompts, max_new_tokens=12)
     assert spec.drafter is not None and spec.auto is not None and spec.auto.depth > 1
     assert spec.calibration is not None and len(spec.calibration.steps) == 2
     assert spec.calibration.sequences[0][:18].tolist() == prompts[0].tolist()
@@ -215,7 +218,9 @@ def test_auto_solo_length_builds_a_lossless_branch_and_needs_an_auto_tree(tiny_l
     assert isinstance(solo.drafter, LookupBranchDrafter)
     # the choice is the cost model's on the recorded calibration (which one depends on the measured draft cost)
     cal = spec.calibration
-    priced = choose_lookup_solo(cal.sequences, cal.steps, spec.auto, GPU.at, cal.draft_cost, cal.overhead_s, 4, 2, 3)
+    priced = choose_lookup_solo(
+        cal.sequences, cal.steps, spec.auto, SLOW_FLAT.at, cal.draft_cost, cal.overhead_s, 4, 2, 3
+    )
     assert solo.drafter.solo_ngram == priced.solo_ngram and f"auto: {priced.describe()}" in solo.tree
     assert priced.matched_steps > 0  # the repeated prompt gave the lookup something to match
     plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=12)
@@ -232,6 +237,47 @@ class CharTokenizer(WordTokenizer):
         from types import SimpleNamespace
 
         return SimpleNamespace(input_ids=torch.tensor([[ord(c) % 128 for c in text]]))
+
+
+def test_cost_curve_is_keyed_by_the_architecture_not_the_folder_name(tmp_path):
+    """Two folders with the same architecture share a curve; a folder overwritten with a bigger model (same name)
+    is measured again instead of reusing the smaller one's timings."""
+    from tiny_models import make_tiny_llama
+
+    from specheads.decoding.cost_model import load_or_measure_cost_curve
+
+    small, copy, bigger = make_tiny_llama(), make_tiny_llama(seed=1), make_tiny_llama(num_layers=4)
+    small.config.name_or_path, copy.config.name_or_path = str(tmp_path / "a" / "model"), str(tmp_path / "b" / "model")
+    bigger.config.name_or_path = small.config.name_or_path
+    first = load_or_measure_cost_curve(small, tmp_path, sizes=(1, 2), repeats=1)
+    assert load_or_measure_cost_curve(copy, tmp_path, sizes=(1, 2), repeats=1) == first  # read back
+    assert len(list((tmp_path / "cost_model").glob("*.json"))) == 1
+    load_or_measure_cost_curve(bigger, tmp_path, sizes=(1, 2), repeats=1)
+    assert len(list((tmp_path / "cost_model").glob("*.json"))) == 2
+
+
+def test_auto_tree_cache_entry_changes_when_the_target_folder_is_overwritten(tmp_path):
+    """The acceptance an ``auto`` tree was chosen from belongs to the target's weights: a target folder saved over
+    with other weights (same name, same architecture) gets a new entry; the same files keep theirs."""
+    import os
+
+    from tiny_models import make_tiny_llama
+
+    from specheads.decoding.drafters import auto_tree_cache_path
+    from specheads.heads import DraftModel
+
+    target_dir, head_dir = tmp_path / "target", tmp_path / "head"
+    target = make_tiny_llama()
+    target.save_pretrained(target_dir)
+    target.config.name_or_path = str(target_dir)
+    DraftModel.from_target(target, 1).save_pretrained(head_dir)
+    path = auto_tree_cache_path(tmp_path / "cache", head_dir, target)
+    assert auto_tree_cache_path(tmp_path / "cache", head_dir, target) == path
+
+    make_tiny_llama(seed=1).save_pretrained(target_dir)  # fine-tuned in place
+    weights = target_dir / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # coarse clocks
+    assert auto_tree_cache_path(tmp_path / "cache", head_dir, target) != path
 
 
 def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_weights(tiny_llama, tmp_path):
@@ -347,6 +393,9 @@ def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, mon
     from specheads.heads import DraftModel, load_head
 
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
+    # a fixed cost curve, not this machine's measured one: under load that can make plain decoding win, and a head
+    # with no tree has no +lookup-solo method (the measurement itself is tested above)
+    monkeypatch.setattr("specheads.bench.cli.load_or_measure_cost_curve", lambda target, cache_dir: SLOW_FLAT)
     head_dir = tmp_path / "draft"
     DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).save_pretrained(head_dir)
     settings = BenchSettings(heads=[str(head_dir)], trees=["auto"], methods=[], lookup_branch=4, lookup_solo="auto")
