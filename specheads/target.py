@@ -60,6 +60,22 @@ def builtin_cache_dir(name: str) -> Path:
     return cache_root() / "targets" / name
 
 
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """``auto``: cuda + bfloat16 when a GPU is available, else cpu + float32. A device this machine lacks is a
+    ValueError that says so."""
+    try:
+        dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    except RuntimeError:
+        raise ValueError(f"expected a device such as auto, cpu, cuda or cuda:1, got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{device!r}: this machine has no CUDA device (torch.cuda.is_available() is False); use cpu")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"{device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, getattr(torch, dtype)
+
+
 def load_target(
     name_or_path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,

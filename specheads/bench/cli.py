@@ -25,7 +25,7 @@ from specheads.bench.questions import (
     select_per_category,
 )
 from specheads.bench.report import OVERALL, aggregate, write_report
-from specheads.bench.runner import run_benchmark
+from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.decoding.cost_model import CostCurve, load_or_measure_cost_curve
 from specheads.decoding.drafters import (
     DrafterSpec,
@@ -37,7 +37,7 @@ from specheads.decoding.drafters import (
     remember_tree,
     with_lookup_branch,
 )
-from specheads.target import cache_root
+from specheads.target import cache_root, resolve_device_dtype
 
 BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "specheads-plain")
 """Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads.
@@ -134,14 +134,6 @@ def _solo_length(value: str) -> int | str:
         return parse_solo_length(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """``auto``: cuda + bfloat16 when a GPU is available, else cpu + float32."""
-    dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, getattr(torch, dtype)
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, text: str, device: torch.device) -> torch.Tensor:
@@ -307,6 +299,8 @@ def run_bench(
     records = run_benchmark(
         methods, prompts, settings.max_new_tokens, settings.temperature, settings.seed, progress=settings.progress
     )
+    if settings.temperature == 0:
+        mark_near_ties(records, target, prompts)
     config = {
         **asdict(settings),
         "questions": str(questions_path),

@@ -69,8 +69,9 @@ class ForwardTimer:
         self._handles: list[Any] = []
 
     def _sync(self) -> None:
-        if next(self.module.parameters()).device.type == "cuda":
-            torch.cuda.synchronize()
+        device = next(self.module.parameters()).device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the module's GPU, not the current one (--device cuda:1)
 
     def _before(self, module: torch.nn.Module, args: Any) -> None:
         self._sync()
@@ -185,4 +186,4 @@ def specheads_method(
 
 def _sync(model: PreTrainedModel) -> None:
     if model.device.type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(model.device)

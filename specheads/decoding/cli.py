@@ -31,6 +31,8 @@ from specheads.decoding.drafters import (
 )
 from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 @dataclass
 class GenerateArgs:
@@ -38,6 +40,14 @@ class GenerateArgs:
 
     prompt: str = field(metadata={"help": "user message (chat-templated when the tokenizer has a template)"})
     target: str = field(default="smollm2-135m-instruct", metadata={"help": "target name, model dir or .gguf"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda if available, else cpu) | cpu | cuda | cuda:1"})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bfloat16 on a GPU, float32 on a CPU) | float32 | bfloat16 | float16; greedy output is "
+            "token-identical to generate's in float32, up to near-ties in 16-bit (README)"
+        },
+    )
     head: str | None = field(default=None, metadata={"help": "saved head folder (none = plain decoding)"})
     prompt_lookup: bool = field(default=False, metadata={"help": "draft with n-gram prompt lookup (no head)"})
     tree: str | None = field(
@@ -106,9 +116,15 @@ def generate_main(argv: list[str] | None = None) -> int:
         )
     if args.recalibrate and args.tree != "auto":
         parser.error(f"--recalibrate re-measures the auto tree: it needs --tree auto, got --tree {args.tree}")
-    from specheads.target import cache_root, load_target
+    from specheads.target import cache_root, load_target, resolve_device_dtype
 
-    target, tokenizer = load_target(args.target)
+    if args.dtype not in DTYPES:
+        parser.error(f"--dtype: expected one of {DTYPES}, got {args.dtype!r}")
+    try:
+        device, dtype = resolve_device_dtype(args.device, args.dtype)
+    except ValueError as error:
+        parser.error(f"--device {error}")
+    target, tokenizer = load_target(args.target, dtype=dtype, device=device)
     spec = DrafterSpec(None, "")
     if args.prompt_lookup:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
@@ -165,7 +181,8 @@ def generate_main(argv: list[str] | None = None) -> int:
         _stderr(f"specheads generate: error: {error}")
         return 2
     print()
-    print(f"[{describe(spec, args)}] {result.stats.summary()}", file=sys.stderr)
+    where = f"{target.device} {str(next(target.parameters()).dtype).removeprefix('torch.')}"
+    print(f"[{describe(spec, args)}; {where}] {result.stats.summary()}", file=sys.stderr)
     return 0
 
 

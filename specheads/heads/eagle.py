@@ -226,8 +226,8 @@ class EagleDrafter(DraftHead):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of drafter features (B, T, H) -> (B, T, Vd)."""
-        if self.version == 1:
-            return self.borrowed.lm_head(hidden)
+        if self.version == 1:  # the borrowed lm_head keeps the target's dtype; training runs the head in fp32
+            return self.borrowed.lm_head(hidden.to(self.borrowed.lm_head.weight.dtype))
         return self.lm_head(self.norm(hidden))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import Any
 
 import safetensors
 import safetensors.torch
+import torch
 from transformers import PreTrainedModel
 
 from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, DraftHead
@@ -35,7 +36,8 @@ def load_head(
 ) -> DraftHead:
     """Load a saved head onto ``target``, strictly, in eval mode with gradients off (inference use).
 
-    ``trainable=True`` keeps train mode and the gradients of a freshly built head (to continue training from it).
+    ``trainable=True`` keeps train mode and the gradients of a freshly built head (to continue training from it), in
+    fp32 whatever the target's dtype: optimizer updates to bf16 weights would mostly round away.
     A Llama EAGLE-3 draft checkpoint as SpecForge, vLLM and SGLang use it loads too (``specheads.heads.interop``).
     """
     folder = resolve_head_folder(dir_or_hub_id, revision)
@@ -43,7 +45,7 @@ def load_head(
     if is_eagle3_checkpoint(raw):
         head = load_eagle3_checkpoint(folder, target)
         if trainable:
-            head.train().requires_grad_(True)
+            head.float().train().requires_grad_(True)
         return head
     meta = _checked_head_config(raw, folder / CONFIG_NAME)
     head_cls = HEADS[meta["head_type"]]
@@ -51,6 +53,8 @@ def load_head(
     _check_target(config.target, TargetRecord.from_model(target))
     builder = getattr(head_cls, "for_loading", head_cls)
     head = builder(config, target)
+    if trainable:
+        head.float()  # before loading, so an fp32 file's values arrive unrounded
     _load_weights_strict(head, folder / WEIGHTS_NAME)
     head.to(target.device)
     if not trainable:
@@ -163,14 +167,18 @@ def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -
     merged, frozen model.
 
     Heads without an adapter return ``target`` unchanged. Merging changes the target's weights in place: the
-    adapted target is the model whose output decoding then reproduces exactly.
+    adapted target is the model whose output decoding then reproduces exactly. A bf16/fp16 target keeps the adapter
+    unmerged (injected into its layers, as in training): adding a small LoRA update to a low-precision weight would
+    mostly round it away, so the merged model would not be the one that was trained.
     """
     adapter = resolve_head_folder(head_folder) / LORA_DIR
     if not adapter.is_dir():
         return target
     from peft import PeftModel
 
-    merged = PeftModel.from_pretrained(target, str(adapter)).merge_and_unload()
-    merged.eval()
-    merged.requires_grad_(False)
-    return merged
+    adapted = PeftModel.from_pretrained(target, str(adapter))
+    exact_merge = all(p.dtype == torch.float32 for p in target.parameters() if p.is_floating_point())
+    model = adapted.merge_and_unload() if exact_merge else adapted.get_base_model()
+    model.eval()
+    model.requires_grad_(False)
+    return model

@@ -23,7 +23,7 @@ from specheads.training.data import DataConfig
 FEATURE_MODES = ("online", "offline")
 LABEL_KINDS = ("hard", "soft")
 SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
-MIXED_PRECISION = ("no", "bf16", "fp16")
+MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 TRACKERS = ("none", "wandb", "tensorboard")
 TARGET_DTYPES = {
     "float32": "float32",
@@ -115,7 +115,7 @@ class TrainSection:
     scheduler: str = "cosine"
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
-    mixed_precision: str = "no"
+    mixed_precision: str = "auto"  # auto: the launch config's (`accelerate launch`), else no
     eval_every: int = 100
     eval_batches: int | None = None  # None = the whole held-out split
     save_every: int = 0  # 0 = no intermediate checkpoints

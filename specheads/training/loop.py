@@ -125,13 +125,37 @@ def weights_checksum(module: torch.nn.Module) -> float:
     return total
 
 
+def resolve_mixed_precision(setting: str) -> str:
+    """``train.mixed_precision``: ``auto`` takes what ``accelerate launch`` was given (its config file's
+    ``mixed_precision`` or ``--mixed_precision``, exported as ``ACCELERATE_MIXED_PRECISION``), else ``no``. An
+    explicit value wins over the launch's, with a warning when they differ: the launch config would otherwise be
+    ignored without a word."""
+    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+    if setting == "auto":
+        return launched or "no"
+    if launched and launched != setting:
+        logger.warning(
+            "train.mixed_precision=%s overrides the launch's mixed_precision=%s; set train.mixed_precision=auto "
+            "to follow the launch config",
+            setting,
+            launched,
+        )
+    return setting
+
+
 def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:
-    """The head named by ``cfg.head``; an EAGLE-3 reduced vocabulary is built from the training tokens.
+    """The head named by ``cfg.head``, in fp32 whatever the target's dtype (AdamW updates to bf16 weights would mostly
+    round away; ``train.mixed_precision`` runs the matmuls in bf16); an EAGLE-3 reduced vocabulary is built from the
+    training tokens. The final head is saved in the target's dtype, as inference runs it.
 
     With ``head.init_from`` the saved head is loaded instead (its config and, for EAGLE-3, its draft vocabulary).
     """
     if cfg.head.init_from:
         return _warm_start(cfg, target)
+    return _fresh_head(cfg, target, train_dataset).float()
+
+
+def _fresh_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:
     head_cls = HEADS[cfg.head.type]
     config = head_cls.config_class.from_dict(copy.deepcopy(dict(cfg.head.options)))
     vocab = target.config.get_text_config().vocab_size
@@ -298,7 +322,8 @@ def train(
     if resume_from is not None:
         check_resume_config(resume_from, to_yaml(cfg))
     log_with, init_kwargs = tracker_setup(cfg)
-    if tc.mixed_precision == "fp16" and not _has_accelerator():
+    precision = resolve_mixed_precision(tc.mixed_precision)
+    if precision == "fp16" and not _has_accelerator():
         raise ValueError(
             "train.mixed_precision=fp16 needs a GPU (on CPU, Accelerate would silently train in fp32); "
             "use train.mixed_precision=bf16 (CPU autocast) or no."
@@ -307,7 +332,7 @@ def train(
         target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
     target_was_training = target.training
     accelerator = Accelerator(
-        mixed_precision=tc.mixed_precision,
+        mixed_precision=precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tc.grad_accum, sync_with_dataloader=False),
         log_with=log_with,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),

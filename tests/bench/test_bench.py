@@ -142,6 +142,45 @@ def test_identical_counts_speedup_and_loud_mismatches():
     assert sampled["mismatches"] == []  # outputs are not expected to match when sampling
 
 
+def test_16bit_mismatches_at_an_exact_tie_are_near_ties_and_others_stay_mismatches():
+    """In bf16 a verify forward over several tokens rounds differently from generate's one-token steps, which can
+    flip a tie. A tiny bf16 target whose lm_head has two equal rows ties them exactly: an output taking the twin is a
+    near-tie (reported, not a failure); one taking a token the target rated far lower stays a mismatch; in fp32
+    every difference is a mismatch."""
+    from tiny_models import make_tiny_llama
+
+    from specheads.bench.runner import mark_near_ties
+
+    model = make_tiny_llama().to(torch.bfloat16)
+    prompt = torch.tensor([[5, 17, 3, 99, 42]])
+    expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=4)
+    expected = expected[0, prompt.shape[1] :].tolist()
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([prompt[0], torch.tensor(expected[:2])])[None]).logits[0, -1]
+    chosen = expected[2]
+    twin = next(t for t in range(chosen + 1, 128) if t not in expected)  # a higher id: greedy still picks `chosen`
+    worst = int(logits.argmin())
+    with torch.no_grad():
+        model.lm_head.weight[twin] = model.lm_head.weight[chosen]
+    prompts = [(Question(1, "a", "p"), prompt)]
+    methods = [
+        stub("base", expected, 2.0, 4),
+        stub("tie", [*expected[:2], twin, *expected[3:]], 1.0, 2),
+        stub("wrong", [*expected[:2], worst, *expected[3:]], 1.0, 2),
+    ]
+    records = run_benchmark(methods, prompts, max_new_tokens=4, warmup_tokens=0, progress=False)
+    mark_near_ties(records, model, prompts)
+    report = aggregate(records, methods, {"temperature": 0.0, "dtype": "bfloat16"})
+    assert [m["method"] for m in report["mismatches"]] == ["wrong"]
+    assert [(m["method"], m["gap"]) for m in report["near_ties"]] == [("tie", 0.0)]
+    assert report["results"]["tie"][OVERALL]["near_ties"] == 1
+    assert "0/1 (+1 near-tie)" in markdown_report(report)
+
+    records = run_benchmark(methods, prompts, max_new_tokens=4, warmup_tokens=0, progress=False)
+    mark_near_ties(records, model.float(), prompts)
+    assert [m["method"] for m in aggregate(records, methods, {"temperature": 0.0})["mismatches"]] == ["tie", "wrong"]
+
+
 def test_lookup_solo_without_a_branch_is_refused_before_loading_anything(capsys):
     with pytest.raises(SystemExit):
         bench_main(["--head", "runs/none", "--lookup-solo", "2"])

@@ -53,6 +53,27 @@ def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
     assert "solo_ngram must lie in [min_ngram, max_ngram] = [2, 3], got 1" in capsys.readouterr().err
 
 
+def test_generate_in_bfloat16_with_a_medusa_head_and_clear_device_errors(smollm2, tmp_path, capsys):
+    """--dtype/--device load the target as asked (the default, auto, is bf16 on a GPU); a head saved from the fp32
+    target loads onto the bf16 one and decodes."""
+    model, _ = smollm2
+    MedusaHeads(MedusaConfig(num_heads=2, share_lm_head=True), model).save_pretrained(tmp_path / "medusa")
+    common = ["--prompt", "Name a colour.", "--max-new-tokens", "6", "--device", "cpu"]
+    assert generate_main([*common, "--dtype", "bfloat16", "--head", str(tmp_path / "medusa"), "--tree", "chain:2"]) == 0
+    out = capsys.readouterr()
+    assert "MedusaDrafter" in out.err and "; cpu bfloat16]" in out.err and out.out.strip()
+    assert generate_main([*common, "--max-new-tokens", "1"]) == 0
+    assert "; cpu float32]" in capsys.readouterr().err  # auto on a CPU
+    for flag, value, message in [
+        ("--device", "cuda:99", "--device 'cuda:99': this machine has"),
+        ("--device", "tpu-ish", "expected a device such as auto, cpu, cuda or cuda:1, got 'tpu-ish'"),
+        ("--dtype", "int8", "--dtype: expected one of ('auto', 'float32', 'bfloat16', 'float16'), got 'int8'"),
+    ]:
+        with pytest.raises(SystemExit):
+            generate_main([*common, flag, value])
+        assert message in capsys.readouterr().err
+
+
 def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_path, capsys, monkeypatch):
     from specheads.decoding import drafters
     from specheads.target import cache_root

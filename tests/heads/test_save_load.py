@@ -285,6 +285,33 @@ def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path, monkeypa
         torch.testing.assert_close(hub_merged(ids).logits, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_lora_adapter_on_a_bf16_target_stays_unmerged_so_small_updates_survive(tmp_path):
+    """A trained LoRA update is small next to the weights it adapts: merged into bf16 weights it would mostly round
+    away. On a bf16 target the adapter stays injected, and the loaded model computes what the adapted one did."""
+    from peft import LoraConfig, get_peft_model
+
+    from specheads.heads import load_lora_adapter
+
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    adapted = get_peft_model(make_tiny_llama().to(torch.bfloat16), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in adapted.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 2e-3)  # an update of ~1e-3 of the weights' size, below half a bf16 step
+        expected = adapted(ids).logits
+        plain = make_tiny_llama().to(torch.bfloat16)(ids).logits
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), make_tiny_llama()).save_pretrained(folder)
+    adapted.save_pretrained(folder / "lora")
+    loaded = load_lora_adapter(make_tiny_llama().to(torch.bfloat16), folder)
+    with torch.no_grad():
+        got = loaded(ids).logits
+    assert type(loaded).__name__ == "LlamaForCausalLM"  # a stock model, its layers carrying the adapter
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    assert not torch.equal(got, plain)
+    assert not any(p.requires_grad for p in loaded.parameters())
+
+
 @pytest.mark.parametrize(
     "where, value, message",
     [

@@ -67,6 +67,8 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
         tiny_target_dir, small_chat_file, out, max_steps=3, batch_size=2, eval_every=3, save_every=2
     ) + ["head.options.draft_vocab_size=null", "loss.ttt_steps=2"] * (head_config == "eagle3")
     overrides += ["train.max_grad_norm=0.5"] * deepspeed  # DeepSpeed clips in its engine: it must get this value
+    # ZeRO-2 in bf16: DeepSpeed casts the head, while the target's lm_head it projects through stays fp32
+    overrides += ["train.mixed_precision=bf16"] * (launch_config == "deepspeed-zero2.yaml")
     cpu = {} if deepspeed else {"ACCELERATE_USE_CPU": "1"}  # DDP needs Accelerator(cpu=True); DeepSpeed finds its CPU
     ranks = _launch(launch_config, head_config, tmp_path, overrides, **cpu)  # accelerator by itself (NOTES.md)
     _assert_in_sync(ranks, "DEEPSPEED" if deepspeed else "MULTI_CPU", 3)
