@@ -203,7 +203,10 @@ def _convert_builtin(name: str, target_dir: Path) -> None:
         tokenizer_kwargs={"gguf_file": gguf_path.name},
     )
     _drop_gguf_quantizer(model)
-    # Write into a temporary sibling and rename, so a killed conversion never leaves a half-written cache.
+    # Write into a temporary sibling and rename, so a killed conversion never leaves a half-written cache. A killed
+    # one leaves its sibling (~0.5 GB here); under the lock no other conversion is running, so those are stale.
+    for stale in target_dir.parent.glob(f".{name}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target_dir.parent))
     try:
         model.save_pretrained(tmp)

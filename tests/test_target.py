@@ -157,3 +157,19 @@ def test_a_second_process_waits_for_the_conversion_in_progress(smollm2, tmp_path
     assert waiter.returncode == 0 and out.strip().splitlines()[-1] == str(target_dir)
     assert (target_dir / "model.safetensors").stat().st_mtime_ns == stamp  # reused, not converted again
     assert sorted(p.name for p in target_dir.parent.iterdir()) == [SMOLLM2, SMOLLM2 + ".lock"]
+
+
+def test_a_conversion_killed_earlier_leaves_no_half_gigabyte_behind(smollm2, tmp_path, monkeypatch):
+    """A killed conversion leaves its temporary sibling (0.5 GB for SmolLM2): the next conversion removes it. The
+    GGUF reading is replaced by the already-loaded target here (the conversion itself is tested above); the
+    cleanup, writing and renaming are the real code."""
+    import specheads.target as target_module
+
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path))
+    stale = tmp_path / "targets" / f".{SMOLLM2}-k1lled"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"half")
+    monkeypatch.setattr(target_module, "_from_pretrained", lambda *args, **kwargs: smollm2)
+    converted = target_module.ensure_builtin_converted(SMOLLM2)
+    assert converted == tmp_path / "targets" / SMOLLM2 and (converted / "model.safetensors").is_file()
+    assert sorted(p.name for p in converted.parent.iterdir()) == [SMOLLM2, SMOLLM2 + ".lock"]

@@ -238,7 +238,9 @@ def build_methods(
                 priced[settings.lookup_branch] = solo.drafter.solo_ngram
         if tree == "auto":  # what generate --tree auto [--lookup-solo auto] reuses on this device
             cached_as = auto_tree_cache_path(cache_root(), head_dir, target)
-            remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}", priced)
+            failed = remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}", priced)
+            if failed:
+                print(f"note: the auto tree could not be cached for specheads generate ({failed})", file=sys.stderr)
     return methods
 
 

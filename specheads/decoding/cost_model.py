@@ -16,9 +16,11 @@ Sequoia's, https://arxiv.org/abs/2402.12374, under a position-independence assum
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
+import logging
 import os
 import platform
 import time
@@ -36,6 +38,8 @@ from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.lookup_branch import first_choice_path
 from specheads.decoding.tree import chain_parents, children_lists
 from specheads.decoding.verify import verify_tree
+
+logger = logging.getLogger(__name__)
 
 COST_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
 COST_CURVE_VERSION = 4  # bump when what is timed changes (2: small_batch_linear; 3: row-major output; 4: sizes)
@@ -88,6 +92,22 @@ def architecture_digest(target: PreTrainedModel) -> str:
 
 
 _NOT_ARCHITECTURE = ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")
+
+
+def write_cache_file(path: Path, text: str) -> str | None:
+    """Write a cache entry under a temporary name and rename it into place (a reader never sees half a file).
+    A cache that cannot be written (read-only, full, no permission) is not an error: the entry is measured again
+    next time. Returns why it failed, or None."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(text)
+        os.replace(partial, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def cache_file_name(*parts: object) -> str:
@@ -144,10 +164,11 @@ def load_or_measure_cost_curve(
     if path.is_file() and not refresh:
         return CostCurve(**json.loads(path.read_text()))
     curve = measure_cost_curve(target, sizes, repeats=repeats)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}")  # renamed into place: a reader never sees half a file
-    partial.write_text(json.dumps(asdict(curve), indent=2))
-    os.replace(partial, path)
+    failed = write_cache_file(path, json.dumps(asdict(curve), indent=2))
+    if failed:
+        logger.warning(
+            "the verify-cost curve could not be cached in %s (%s); it is measured again next time", path, failed
+        )
     return curve
 
 

@@ -37,6 +37,7 @@ from specheads.decoding.cost_model import (
     choose_tree,
     device_label,
     load_or_measure_cost_curve,
+    write_cache_file,
 )
 from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
@@ -247,19 +248,17 @@ def parse_solo_length(value: str) -> int | str:
 
 def remember_tree(
     path: Path, choice: TreeChoice, calibrated_on: str, lookup_solo: dict[int, int | None] | None = None
-) -> None:
+) -> str | None:
     """Cache a chosen tree, and the solo lengths priced for it per lookup-branch size (``--lookup-solo auto``);
-    written to a temporary name and renamed, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    written to a temporary name and renamed, so a reader never sees half a file. Returns why it could not be
+    cached (an unwritable cache folder is not an error), or None."""
     record = {
         "choice": asdict(choice),
         "calibrated_on": calibrated_on,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "lookup_solo": {str(tokens): ngram for tokens, ngram in (lookup_solo or {}).items()},
     }
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(record, indent=2))
-    os.replace(partial, path)
+    return write_cache_file(path, json.dumps(record, indent=2))
 
 
 @dataclass
@@ -330,6 +329,10 @@ def auto_tree_drafter(
         spec = with_lookup_branch(spec, lookup_branch, lookup_solo)
         if lookup_solo == "auto":
             priced[lookup_branch] = getattr(spec.drafter, "solo_ngram", None)
-    remember_tree(path, spec.auto, f"{len(prompts)} built-in prompts", priced)
-    log(f"auto tree: cached in {path}")
+    failed = remember_tree(path, spec.auto, f"{len(prompts)} built-in prompts", priced)
+    log(
+        f"auto tree: could not cache it ({failed}); calibrated again next time"
+        if failed
+        else f"auto tree: cached in {path}"
+    )
     return spec

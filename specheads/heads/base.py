@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -56,14 +57,21 @@ class DraftHead(nn.Module):
             "config": self.config.to_dict(),
         }
 
-    def save_pretrained(self, save_directory: str | os.PathLike, card: dict[str, Any] | None = None) -> Path:
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike,
+        card: dict[str, Any] | None = None,
+        write_adapter: Callable[[Path], None] | None = None,
+    ) -> Path:
         """Write ``config.json``, ``model.safetensors`` and a ``README.md`` model card into ``save_directory``.
 
         ``card`` holds what is known about training and acceptance (config, metrics, tau); it goes into the card.
         Each file is written under a temporary name in the folder and renamed over the old one, so a killed save
         leaves every file whole, and nothing else in the folder (a training run's checkpoints, logs, config) is
-        touched. A LoRA adapter folder (``lora/``) left by an earlier head is removed: it belongs to that head
-        (Medusa-2 training writes its own after saving the heads).
+        touched. A LoRA adapter folder (``lora/``) left by an earlier head is removed: it belongs to that head.
+        ``write_adapter(folder)`` (Medusa-2) writes this head's adapter: into a temporary folder first, which
+        replaces ``lora/`` once complete, just before the head's own files, so a killed save never leaves a new
+        head beside an empty or half-written adapter.
         """
         out = Path(save_directory)
         out.mkdir(parents=True, exist_ok=True)
@@ -74,18 +82,27 @@ class DraftHead(nn.Module):
             "README.md": lambda path: write_model_card(path, self, card or {}),
         }
         staged: list[tuple[Path, Path]] = []
+        adapter = out / f".{LORA_DIR}.partial-{os.getpid()}"
         try:
             for name, write in writers.items():
                 staged.append((out / f".{name}.partial-{os.getpid()}", out / name))
                 write(staged[-1][0])
                 make_readable(staged[-1][0])
+            if write_adapter is not None:
+                write_adapter(adapter)
+                for path in adapter.rglob("*"):
+                    if path.is_file():
+                        make_readable(path)
             if (out / LORA_DIR).is_dir():
                 shutil.rmtree(out / LORA_DIR)
+            if write_adapter is not None:
+                os.replace(adapter, out / LORA_DIR)
             for partial, final in staged:  # weights first, config after: an old config never names new shapes
                 os.replace(partial, final)
         finally:
             for partial, _ in staged:
                 partial.unlink(missing_ok=True)
+            shutil.rmtree(adapter, ignore_errors=True)
         return out
 
     def push_to_hub(self, repo_id: str, card: dict[str, Any] | None = None, **kwargs: Any) -> str:

@@ -24,6 +24,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from omegaconf import OmegaConf
 
+from specheads.heads.base import WEIGHTS_NAME
 from specheads.training.tracking import flatten
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     """``no`` -> None; ``auto`` -> the latest checkpoint in ``output_dir`` (None if there is none); else a path.
 
     ``no`` refuses an output folder that already holds checkpoints: the new run's saves would be pruned in favour of
-    the old run's higher steps, and a later ``auto`` would resume the old run.
+    the old run's higher steps, and a later ``auto`` would resume the old run. Both refuse a folder that holds a
+    finished head and no checkpoint: training from step 0 would overwrite it.
     """
     if resume == "no":
         found = completed_checkpoints(output_dir)
@@ -132,12 +134,27 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
                 "that run with train.resume=auto (or --resume), or give this run another train.output_dir (or "
                 "delete that folder)."
             )
+        _refuse_overwriting_a_head(output_dir, "train.resume=no starts a new run")
         return None
     if resume == "auto":
-        return latest_checkpoint(output_dir)
+        latest = latest_checkpoint(output_dir)
+        if latest is None:
+            _refuse_overwriting_a_head(output_dir, "train.resume=auto (--resume) found no checkpoint to resume")
+            logger.info("train.resume=auto: no checkpoint in %s yet; starting at step 0", checkpoint_root(output_dir))
+        return latest
     path = Path(resume)
     read_step(path)  # fails loudly if incomplete
     return path
+
+
+def _refuse_overwriting_a_head(output_dir: str | os.PathLike, what: str) -> None:
+    head = Path(output_dir) / WEIGHTS_NAME
+    if head.is_file():
+        raise ValueError(
+            f"{what}, but {output_dir} holds a finished head ({head.name}) and no checkpoint: training from step 0 "
+            f"would overwrite it. To train it further, start from it with head.init_from={output_dir} and another "
+            "train.output_dir; to start over, delete it or pick another train.output_dir."
+        )
 
 
 def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None:

@@ -332,6 +332,7 @@ def train(
         target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
     target_was_training = target.training
     accelerator = Accelerator(
+        cpu=_cpu_processes(),
         mixed_precision=precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tc.grad_accum, sync_with_dataloader=False),
         log_with=log_with,
@@ -339,6 +340,7 @@ def train(
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         kwargs_handlers=_process_group_kwargs(),
     )
+    _check_world(accelerator)
     keep_trainable_state_only(accelerator)
     set_seed(tc.seed)
     target.to(accelerator.device)
@@ -482,6 +484,31 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
+def _launched_world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _cpu_processes() -> bool:
+    """Several launched processes on a machine without a GPU (DeepSpeed aside: it finds its CPU accelerator itself).
+    Accelerate starts them from a MULTI_GPU launch config (configs/accelerate/cpu-2proc.yaml), but unless the
+    Accelerator is told ``cpu=True`` (or ``ACCELERATE_USE_CPU=1``) each trains alone, as a world of one, in the
+    same output folder."""
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    return _launched_world() > 1 and not _has_accelerator() and not deepspeed
+
+
+def _check_world(accelerator: Accelerator) -> None:
+    """Every launched process must be one rank of one group: separate worlds of one would train the same run
+    independently and remove each other's checkpoints."""
+    if accelerator.num_processes != _launched_world():
+        raise RuntimeError(
+            f"launched {_launched_world()} processes (WORLD_SIZE) but Accelerate formed a group of "
+            f"{accelerator.num_processes} ({accelerator.distributed_type}); expected one group of all of them. On a "
+            "machine without a GPU, launch with a MULTI_GPU config and ACCELERATE_USE_CPU=1 "
+            "(configs/accelerate/cpu-2proc.yaml), or DeepSpeed."
+        )
+
+
 def _process_group_kwargs() -> list[InitProcessGroupKwargs]:
     """Accelerate picks a process-group backend only for accelerator devices; under DeepSpeed on a CPU-only machine it
     would silently run every rank as a world of one. Name gloo there (DeepSpeed's CPU accelerator talks gloo)."""
@@ -507,6 +534,7 @@ def _save_final(accelerator, objective, cfg: TrainConfig, target, metrics: dict[
     card = {"training": to_container(cfg), "metrics": metrics}
     if "eval/tau" in metrics:
         card["acceptance"] = {"simulated_chain_tau": metrics["eval/tau"]}
-    head.save_pretrained(out, card=card)
-    if getattr(unwrapped, "adapted", None) is not None:
-        unwrapped.adapted.save_pretrained(str(out / "lora"))
+    adapted = getattr(unwrapped, "adapted", None)  # Medusa-2's LoRA adapter: saved with the heads, as one unit
+    head.save_pretrained(
+        out, card=card, write_adapter=None if adapted is None else lambda folder: adapted.save_pretrained(str(folder))
+    )

@@ -318,6 +318,25 @@ def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_w
     assert auto_tree_cache_path(cache, head_dir, tiny_llama) != path  # new weights, new cache entry
 
 
+def test_an_unwritable_cache_costs_a_recalibration_not_the_generation(tiny_llama, tmp_path, caplog):
+    """``generate --tree auto`` with a cache folder it cannot write (here a file stands where the folder should be;
+    a read-only or full disk fails the same way): the tree is chosen and used, the user told it was not cached."""
+    from specheads.decoding.cost_model import load_or_measure_cost_curve
+    from specheads.decoding.drafters import auto_tree_drafter
+    from specheads.heads import DraftModel, load_head
+
+    head_dir, cache = tmp_path / "draft", tmp_path / "cache"
+    cache.write_text("not a folder")
+    DraftModel.from_target(tiny_llama, 1).save_pretrained(head_dir)
+    head = load_head(head_dir, tiny_llama).eval()
+    lines: list[str] = []
+    spec = auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
+    assert spec.auto is not None and any("auto tree: could not cache it (" in line for line in lines), lines
+    assert cache.read_text() == "not a folder"
+    curve = load_or_measure_cost_curve(tiny_llama, cache, sizes=(1, 2), repeats=1)
+    assert curve.sizes == [1, 2] and "could not be cached" in caplog.text
+
+
 def test_auto_tree_caches_the_priced_lookup_solo_length_per_branch_size(tiny_llama, tmp_path):
     """``generate --tree auto --lookup-branch N --lookup-solo auto``: the solo length priced on the calibration run
     is cached with the tree for that N; a cached tree without it (another N) is calibrated again."""

@@ -198,7 +198,7 @@ def test_missing_folder_offline_is_a_clear_error(tiny_llama, monkeypatch):
 def test_save_over_a_run_folder_touches_only_the_head_and_drops_an_earlier_adapter(tiny_llama, tmp_path):
     """Training saves the final head into its output folder, beside checkpoints and logs: those stay as they are,
     also when the folder is a symlink (it was once deleted whole); a LoRA adapter left by an earlier head goes
-    (Medusa-2 training writes its own after the heads), or decoding would merge a stale adapter into the target."""
+    (Medusa-2 training saves its own with the heads), or decoding would merge a stale adapter into the target."""
     real = tmp_path / "disk" / "exp"
     (real / "checkpoints" / "step-00000100").mkdir(parents=True)
     (real / "checkpoints" / "step-00000100" / "optimizer.bin").write_bytes(b"state")
@@ -250,6 +250,33 @@ def test_saved_files_follow_the_umask(tiny_llama, tmp_path):
     modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
     assert modes == {"README.md": 0o644, "config.json": 0o644, "model.safetensors": 0o644}
     assert folder.stat().st_mode & 0o777 == 0o755
+
+
+def test_a_head_and_its_adapter_are_replaced_together_or_not_at_all(tiny_llama, tmp_path):
+    """Medusa-2 saves its LoRA adapter with the heads. The adapter is written aside first: a save that dies while
+    writing it (here: the writer raises halfway) leaves the previous head and adapter as they were and no partial
+    folder; a completed save replaces both."""
+    folder = tmp_path / "head"
+
+    def adapter(tag: str, fail: bool = False):
+        def write(path):
+            path.mkdir()
+            (path / "adapter_config.json").write_text(tag)
+            if fail:
+                raise OSError("disk full")
+            (path / "adapter_model.safetensors").write_bytes(tag.encode())
+
+        return write
+
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder, write_adapter=adapter("first"))
+    with pytest.raises(OSError, match="disk full"):
+        MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(folder, write_adapter=adapter("2nd", True))
+    assert load_head(folder, tiny_llama).num_heads == 2
+    assert (folder / "lora" / "adapter_config.json").read_text() == "first"
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "lora", "model.safetensors"]
+    MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(folder, write_adapter=adapter("second"))
+    assert load_head(folder, tiny_llama).num_heads == 3
+    assert (folder / "lora" / "adapter_model.safetensors").read_bytes() == b"second"
 
 
 def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path, monkeypatch):

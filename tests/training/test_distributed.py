@@ -69,8 +69,9 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     overrides += ["train.max_grad_norm=0.5"] * deepspeed  # DeepSpeed clips in its engine: it must get this value
     # ZeRO-2 in bf16: DeepSpeed casts the head, while the target's lm_head it projects through stays fp32
     overrides += ["train.mixed_precision=bf16"] * (launch_config == "deepspeed-zero2.yaml")
-    cpu = {} if deepspeed else {"ACCELERATE_USE_CPU": "1"}  # DDP needs Accelerator(cpu=True); DeepSpeed finds its CPU
-    ranks = _launch(launch_config, head_config, tmp_path, overrides, **cpu)  # accelerator by itself (NOTES.md)
+    # The launch exactly as train_cli.py documents it: no ACCELERATE_USE_CPU, which a CPU-only machine used to need
+    # (each process then trained alone as a world of one); train() now asks Accelerate for CPU processes itself
+    ranks = _launch(launch_config, head_config, tmp_path, overrides)
     _assert_in_sync(ranks, "DEEPSPEED" if deepspeed else "MULTI_CPU", 3)
     assert [r["gradient_clipping"] for r in ranks] == ([0.5, 0.5] if deepspeed else [None, None])
     assert (out / "checkpoints" / "step-00000002").is_dir()

@@ -96,6 +96,13 @@ def test_warm_start_continues_from_a_saved_head(tiny_target_dir, small_chat_file
     trained = _weights(tmp_path / "c")
     assert any(not torch.equal(trained[name], saved[name]) for name in saved)  # gradients flow after a warm start
 
+    # The finished head in `a` has no checkpoint (save_every=0): neither a resume nor a new run may train over it
+    for resume in ("auto", "no"):
+        again = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "a", **kw) + [f"train.resume={resume}"]
+        with pytest.raises(ValueError, match=rf"train.resume={resume}.*holds a finished head .*head.init_from="):
+            train(load_config(EAGLE1, again))
+    torch.testing.assert_close(_weights(tmp_path / "a"), saved)
+
     wrong = ["data.max_samples=16", f"head.init_from={tmp_path / 'a'}", "head.options.version=3"]
     with pytest.raises(ValueError, match="head.options disagree"):
         train(load_config(EAGLE1, wrong + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "d", **kw)))
