@@ -11,6 +11,7 @@ resumed run must keep the settings its restored optimizer, scheduler and data or
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -68,10 +69,16 @@ def _name(step: int) -> str:
 
 
 def save_checkpoint(
-    accelerator: Accelerator, output_dir: str | os.PathLike, step: int, keep_last: int, config_yaml: str
+    accelerator: Accelerator,
+    output_dir: str | os.PathLike,
+    step: int,
+    keep_last: int,
+    config_yaml: str,
+    data_digest: str | None = None,
 ) -> Path:
-    """Save the full training state (model, optimizer, scheduler, RNG, sampler) and the run's config (``to_yaml``)
-    atomically; keep the last K. Half-written ``.tmp-*`` folders of killed saves are removed first."""
+    """Save the full training state (model, optimizer, scheduler, RNG, sampler), the run's config (``to_yaml``) and
+    a digest of its data (``data_digest``) atomically; keep the last K. Half-written ``.tmp-*`` folders of killed
+    saves are removed first."""
     root = checkpoint_root(output_dir)
     final = root / _name(step)
     tmp = root / f"{TMP_PREFIX}{_name(step)}"
@@ -84,7 +91,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / CONFIG_FILE).write_text(config_yaml)
-        _write_json_durably(tmp / STATE_FILE, {"step": step})
+        _write_json_durably(tmp / STATE_FILE, {"step": step, "data_digest": data_digest})
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -185,6 +192,41 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
             f"the new values would be ignored or mixed. Resume with the values in {path}, or start a new run with "
             f"these settings (another train.output_dir, train.resume=no). Only {sorted(RESUME_MAY_CHANGE)} may "
             "change on resume."
+        )
+
+
+def data_digest(train_dataset: Any, eval_dataset: Any) -> str:
+    """A digest of what a run trains and evaluates on: the token ids and loss masks of tokenized data, or the content
+    digests feature caches were written with. Files that grew (``data generate`` appends) or changed give another
+    digest, even when the config still names the same paths."""
+    digest = hashlib.sha256()
+    for dataset in (train_dataset, eval_dataset):
+        caches = getattr(dataset, "datasets", [dataset])  # a ConcatFeatureCache holds several
+        if all(hasattr(cache, "meta") for cache in caches):
+            digest.update(json.dumps([[cache.meta.get("data_sha1"), len(cache)] for cache in caches]).encode())
+        else:
+            for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"]):
+                digest.update(json.dumps([list(ids), list(mask)]).encode())
+        digest.update(b"|")
+    return digest.hexdigest()[:16]
+
+
+def check_resume_data(checkpoint: str | os.PathLike, digest: str) -> None:
+    """Refuse to resume on other data than the run that wrote ``checkpoint`` (see ``data_digest``): its data order
+    and held-out split were drawn for that data, so held-out samples could be trained on without a word."""
+    saved = json.loads((Path(checkpoint) / STATE_FILE).read_text()).get("data_digest")
+    if saved is None:
+        logger.warning(
+            "%s records no data digest (an older checkpoint): the resumed run's data cannot be checked", checkpoint
+        )
+        return
+    if saved != digest:
+        raise ValueError(
+            f"resuming from {checkpoint} with other data than the run that wrote it (data digest {saved} -> "
+            f"{digest}): a data file grew or changed, or a data setting did. Its data order and held-out split were "
+            "drawn for the old data, so held-out samples could now be trained on. Resume with the data it was made "
+            "with, or start a new run on the new data (another train.output_dir; head.init_from=... keeps the "
+            "trained weights)."
         )
 
 

@@ -39,6 +39,8 @@ from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, lo
 from specheads.target import load_target
 from specheads.training.checkpoint import (
     check_resume_config,
+    check_resume_data,
+    data_digest,
     keep_trainable_state_only,
     load_checkpoint,
     read_step,
@@ -351,6 +353,9 @@ def train(
         check_cache_target(eval_ds, target)
         if accelerator.is_main_process:
             warn_ignored_data_settings(cfg.data, train_ds)
+    digest = data_digest(train_ds, eval_ds)
+    if resume_from is not None:
+        check_resume_data(resume_from, digest)
     head = build_head(cfg, target, train_ds)
     objective = build_objective(head, target, cfg.loss, cfg.lora, tc.seed)
     # Medusa-2 runs its adapted target itself (with gradients), so it needs no separate feature pass.
@@ -446,7 +451,7 @@ def train(
                 bar.set_postfix(**_bar_fields(metrics))
             if tc.save_every and step % tc.save_every == 0:
                 with throughput.paused():
-                    save_checkpoint(accelerator, out, step, tc.keep_last, to_yaml(cfg))
+                    save_checkpoint(accelerator, out, step, tc.keep_last, to_yaml(cfg), digest)
             if tc.stop_after is not None and step >= tc.stop_after:
                 stopped = True
             if stopped or step >= tc.max_steps:

@@ -75,6 +75,23 @@ def test_length_grouped_order_is_a_seeded_permutation_per_epoch():
     assert padded_tokens(first) < 0.75 * padded_tokens(shuffled)
 
 
+def test_resume_on_data_that_grew_is_refused(tiny_target_dir, small_chat_file, tmp_path):
+    """`specheads data generate` appends to its file: resuming a run after the file grew would redraw the held-out
+    split over the new sample count (held-out samples end up trained on) and silently break the data order."""
+    data = tmp_path / "chats.jsonl"
+    lines = small_chat_file.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[:24]))
+    kw = dict(max_steps=4, batch_size=2, save_every=2)
+    first = train(load_config(EAGLE1, tiny_overrides(tiny_target_dir, data, tmp_path / "run", **kw, stop_after=2)))
+    assert first.step == 2 and latest_checkpoint(tmp_path / "run") is not None
+    data.write_text("".join(lines[:34]))
+    resume = tiny_overrides(tiny_target_dir, data, tmp_path / "run", **kw, resume="auto")
+    with pytest.raises(ValueError, match=r"resuming from .* with other data than the run that wrote it"):
+        train(load_config(EAGLE1, resume))
+    data.write_text("".join(lines[:24]))  # the data it was made with: resumes
+    assert train(load_config(EAGLE1, resume)).step == 4
+
+
 def test_warm_start_continues_from_a_saved_head(tiny_target_dir, small_chat_file, tmp_path):
     """``head.init_from``: a second run starts from the first run's saved weights (not a fresh init) and trains on."""
     kw = dict(max_steps=2, batch_size=2, warmup_steps=1)
