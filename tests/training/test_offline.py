@@ -63,6 +63,12 @@ def test_several_caches_train_as_one_dataset(tiny_target_dir, small_chat_file, t
     every = [both[i] for i in range(len(both))]
     assert both.loss_tokens() == [s["input_ids"][s["loss_mask"].bool()].tolist() for s in every]
     assert both.loss_tokens() == first.loss_tokens() + second.loss_tokens()
+    # what resume checks the data with: the caches' content digests, read without loading a feature
+    from specheads.training.checkpoint import data_digest
+
+    held_out = CachedFeatureDataset(caches["a"] / "eval")
+    assert data_digest(first, held_out) == data_digest(CachedFeatureDataset(caches["a"] / "train"), held_out)
+    assert data_digest(both, held_out) != data_digest(first, held_out) != data_digest(second, held_out)
 
     # The untrained head's eval loss over both eval splits (one batch of 4 from each) is the mean of each alone.
     step0 = {}
