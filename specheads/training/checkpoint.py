@@ -26,6 +26,7 @@ from accelerate.utils import DistributedType
 from omegaconf import OmegaConf
 
 from specheads.heads.base import WEIGHTS_NAME
+from specheads.training.config import ConfigError
 from specheads.training.tracking import flatten
 
 logger = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     if resume == "no":
         found = completed_checkpoints(output_dir)
         if found:
-            raise ValueError(
+            raise ConfigError(
                 f"train.resume=no starts a new run, but {checkpoint_root(output_dir)} already holds checkpoints of a "
                 f"run ({', '.join(p.name for p in found)}); expected an output folder without checkpoints. Continue "
                 "that run with train.resume=auto (or --resume), or give this run another train.output_dir (or "
@@ -157,7 +158,7 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
 def _refuse_overwriting_a_head(output_dir: str | os.PathLike, what: str) -> None:
     head = Path(output_dir) / WEIGHTS_NAME
     if head.is_file():
-        raise ValueError(
+        raise ConfigError(
             f"{what}, but {output_dir} holds a finished head ({head.name}) and no checkpoint: training from step 0 "
             f"would overwrite it. To train it further, start from it with head.init_from={output_dir} and another "
             "train.output_dir; to start over, delete it or pick another train.output_dir."
@@ -186,7 +187,7 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
     if now["train.max_steps"] < saved["train.max_steps"]:
         changed.append(f"train.max_steps: {saved['train.max_steps']} -> {now['train.max_steps']} (it may only grow)")
     if changed:
-        raise ValueError(
+        raise ConfigError(
             f"resuming from {checkpoint} with settings that differ from the run that wrote it ({'; '.join(changed)}); "
             "expected the same settings: the restored optimizer, scheduler and data order were made with them, so "
             f"the new values would be ignored or mixed. Resume with the values in {path}, or start a new run with "
@@ -221,7 +222,7 @@ def check_resume_data(checkpoint: str | os.PathLike, digest: str) -> None:
         )
         return
     if saved != digest:
-        raise ValueError(
+        raise ConfigError(
             f"resuming from {checkpoint} with other data than the run that wrote it (data digest {saved} -> "
             f"{digest}): a data file grew or changed, or a data setting did. Its data order and held-out split were "
             "drawn for the old data, so held-out samples could now be trained on. Resume with the data it was made "
@@ -278,7 +279,7 @@ def _load_weights_checked(models: list[torch.nn.Module], input_dir: str) -> None
         missing, unexpected = safetensors.torch.load_model(model, path, strict=False)
         wrong = sorted(set(missing) - _frozen_names(model))
         if wrong or unexpected:
-            raise ValueError(
+            raise ConfigError(
                 f"{path} does not match the model being trained (missing trainable tensors {wrong[:5]}, unexpected "
                 f"tensors {sorted(unexpected)[:5]}); expected a checkpoint of this run's head. Resume with the config "
                 "that wrote it, or start a new run."

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import netrc
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,23 @@ def tracker_setup(cfg: TrainConfig) -> tuple[str | None, dict[str, Any]]:
     if kind == "wandb":
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        return "wandb", {"wandb": {"mode": wandb_mode(), "dir": str(out), "name": cfg.train.run_name}}
+        settings = {"mode": wandb_mode(), "dir": str(out), "name": cfg.train.run_name}
+        return "wandb", {"wandb": {**settings, "id": wandb_run_id(out), "resume": "allow"}}
     return kind, {}
+
+
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def wandb_run_id(output_dir: Path) -> str:
+    """The wandb run id of this output folder: made on its first run and kept in ``wandb_run_id``, so a resumed run
+    logs into the same wandb run instead of starting another."""
+    path = output_dir / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:12]
+    path.write_text(run_id + "\n")
+    return run_id
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

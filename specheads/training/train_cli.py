@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+from typing import Any
 
 from specheads.training.config import ConfigError, TrainConfig, load_config
 
@@ -44,6 +46,10 @@ def _apply_resume_flag(cfg: TrainConfig, overrides: list[str], resume: bool) -> 
     cfg.train.resume = "auto"
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def train_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -58,6 +64,9 @@ def train_main(argv: list[str] | None = None) -> int:
     from specheads.training.data import DataError
     from specheads.training.loop import train
 
+    # A scheduler's preemption or `kill` sends SIGTERM, which ends Python without unwinding: trackers would lose what
+    # they had not flushed (a wandb run file was left with its header only). As SystemExit, exit handlers run.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         result = train(cfg)
     except (ConfigError, DataError, UnsupportedTargetError, TargetLoadError) as err:  # what to fix, without a traceback

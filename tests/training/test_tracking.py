@@ -84,3 +84,46 @@ def test_tensorboard_writes_event_files(tiny_target_dir, small_chat_file, tmp_pa
     )
     train(cfg)
     assert list((out / "logs").rglob("events.out.tfevents.*"))
+
+
+def test_a_sigtermed_run_keeps_its_wandb_metrics_and_resumes_into_the_same_wandb_run(
+    tiny_target_dir, small_chat_file, tmp_path
+):
+    """SIGTERM (a scheduler's preemption, `kill`) used to end the process without unwinding: the wandb run file kept
+    only its header. Now the run exits through SystemExit, wandb flushes, and `--resume` logs into the same run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    overrides = ["train.log_with=wandb", "head.options.num_heads=2"] + tiny_overrides(
+        tiny_target_dir, small_chat_file, out, max_steps=400, save_every=2, keep_last=1
+    )
+    command = [sys.executable, str(REPO / "scripts" / "train_heads.py"), "--config", str(MEDUSA), *overrides]
+    # WANDB_SERVICE: an in-process wandb run earlier in this test process leaves it set, and a child would log
+    # through that process's wandb service instead of its own, as a user's training process does
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", OMP_NUM_THREADS="1")
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not list((out / "checkpoints").glob("step-*/trainer_state.json")) and time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0][-3000:]
+        time.sleep(0.2)
+    time.sleep(1.0)  # a few more logged steps
+    process.send_signal(signal.SIGTERM)
+    log = process.communicate(timeout=120)[0]
+    assert process.returncode == 128 + signal.SIGTERM, log[-3000:]
+    (first,) = (out / "wandb").glob("offline-run-*/run-*.wandb")
+    logged = {row["_step"] for row in read_wandb_history(first) if "train/loss" in row}
+    assert {1, 2} <= logged, logged
+
+    from specheads.training.checkpoint import latest_checkpoint, read_step
+
+    resumed = [*command, f"train.stop_after={read_step(latest_checkpoint(out)) + 2}", "--resume"]
+    done = subprocess.run(resumed, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({run.name.rsplit("-", 1)[1] for run in runs}) == 1  # one wandb run id
+    assert (out / "wandb_run_id").read_text().strip() == runs[0].name.rsplit("-", 1)[1]
