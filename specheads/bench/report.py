@@ -8,6 +8,8 @@ per-token time is the fair comparison.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -207,11 +209,18 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """Write ``results.json``, ``results.md`` and the plots into ``out_dir``; returns the paths."""
+    """Write ``results.json``, ``results.md`` and the plots into ``out_dir``; returns the paths. All four are made in
+    a temporary folder first and then renamed into place, so a run killed while writing them does not leave the new
+    numbers beside an earlier run's plots."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out_dir / "results.json", "markdown": out_dir / "results.md"}
-    paths["json"].write_text(json.dumps(report, indent=2))
-    paths["markdown"].write_text(markdown_report(report))
-    speedup, acceptance = plot_report(report, out_dir)
-    return {**paths, "speedup_png": speedup, "acceptance_png": acceptance}
+    with tempfile.TemporaryDirectory(prefix=".report-", dir=out_dir) as tmp:
+        staged = Path(tmp)
+        (staged / "results.json").write_text(json.dumps(report, indent=2))
+        (staged / "results.md").write_text(markdown_report(report))
+        plot_report(report, staged)
+        names = {"json": "results.json", "markdown": "results.md"}
+        names.update(speedup_png="speedup.png", acceptance_png="acceptance.png")
+        for name in names.values():
+            os.replace(staged / name, out_dir / name)
+    return {key: out_dir / name for key, name in names.items()}

@@ -142,6 +142,20 @@ def test_identical_counts_speedup_and_loud_mismatches():
     assert sampled["mismatches"] == []  # outputs are not expected to match when sampling
 
 
+def test_report_files_replace_an_earlier_runs_together(tmp_path):
+    """The four report files are made aside and renamed into place: no earlier run's plot survives beside new
+    numbers, and no temporary folder is left."""
+    from specheads.bench.report import write_report
+
+    prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
+    methods = [stub("base", [1, 2], 2.0, 2), stub("fast", [1, 2], 1.0, 1)]
+    report = aggregate(run_benchmark(methods, prompts, 2, warmup_tokens=0, progress=False), methods, {})
+    (tmp_path / "speedup.png").write_bytes(b"an earlier run's plot")
+    paths = write_report(report, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths.values())
+    assert paths["speedup_png"].read_bytes()[:4] == b"\x89PNG" and json.loads(paths["json"].read_text())["results"]
+
+
 def test_16bit_mismatches_at_an_exact_tie_are_near_ties_and_others_stay_mismatches():
     """In bf16 a verify forward over several tokens rounds differently from generate's one-token steps, which can
     flip a tie. A tiny bf16 target whose lm_head has two equal rows ties them exactly: an output taking the twin is a
