@@ -21,6 +21,7 @@ def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[
         crop_to(cache, keep)
         return
     path = torch.as_tensor(path_list, dtype=torch.long)
+    sources: dict[torch.device, torch.Tensor] = {}  # one copy of the index per device, not one per layer
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
@@ -29,7 +30,9 @@ def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[
                 f"cache layer holds {layer.keys.shape[-2]} entries but the path needs node {int(path.max())} after "
                 f"a prefix of {prefix_len}; verify the tree before committing it"
             )
-        src = (prefix_len + path).to(layer.keys.device)
+        src = sources.get(layer.keys.device)
+        if src is None:
+            src = sources[layer.keys.device] = (prefix_len + path).to(layer.keys.device)
         layer.keys[:, :, prefix_len:keep] = layer.keys[:, :, src]  # advanced indexing copies before writing
         layer.values[:, :, prefix_len:keep] = layer.values[:, :, src]
     crop_to(cache, keep)
