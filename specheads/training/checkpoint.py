@@ -35,6 +35,7 @@ PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 STATE_FILE = "trainer_state.json"
 CONFIG_FILE = "train_config.yaml"
+RANK_STATE = "rank_state_{rank}.json"
 WEIGHTS_FILE = "model.safetensors"  # what ``accelerator.save_state`` names the first model's weights
 
 RESUME_MAY_CHANGE = frozenset(
@@ -76,10 +77,11 @@ def save_checkpoint(
     keep_last: int,
     config_yaml: str,
     data_digest: str | None = None,
+    rank_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Save the full training state (model, optimizer, scheduler, RNG, sampler), the run's config (``to_yaml``) and
-    a digest of its data (``data_digest``) atomically; keep the last K. Half-written ``.tmp-*`` folders of killed
-    saves are removed first."""
+    """Save the full training state (model, optimizer, scheduler, RNG, sampler), the run's config (``to_yaml``), a
+    digest of its data (``data_digest``) and each rank's own JSON state (``rank_state``: the logging window)
+    atomically; keep the last K. Half-written ``.tmp-*`` folders of killed saves are removed first."""
     root = checkpoint_root(output_dir)
     final = root / _name(step)
     tmp = root / f"{TMP_PREFIX}{_name(step)}"
@@ -89,9 +91,12 @@ def save_checkpoint(
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), **_engine_kwargs(accelerator, exclude_frozen_parameters=True))
+    if rank_state is not None:
+        (tmp / RANK_STATE.format(rank=accelerator.process_index)).write_text(json.dumps(rank_state))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / CONFIG_FILE).write_text(config_yaml)
+        _fsync_tree(tmp)  # every file on disk before the marker: a power loss cannot leave a "complete" half
         _write_json_durably(tmp / STATE_FILE, {"step": step, "data_digest": data_digest})
         if final.exists():
             shutil.rmtree(final)
@@ -100,6 +105,12 @@ def save_checkpoint(
         prune_checkpoints(root, keep_last)
     accelerator.wait_for_everyone()
     return final
+
+
+def read_rank_state(checkpoint: str | os.PathLike, rank: int) -> dict[str, Any]:
+    """This rank's ``rank_state`` from ``save_checkpoint`` ({} for checkpoints written before it was kept)."""
+    path = Path(checkpoint) / RANK_STATE.format(rank=rank)
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def completed_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -297,6 +308,18 @@ def _write_json_durably(path: Path, data: dict[str, Any]) -> None:
         json.dump(data, handle)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under ``root`` (the ranks' files are visible to the main process on a shared or
+    local file system once every rank has finished writing)."""
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
+    _fsync_dir(root)
 
 
 def _fsync_dir(path: Path) -> None:

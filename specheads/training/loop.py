@@ -43,6 +43,7 @@ from specheads.training.checkpoint import (
     data_digest,
     keep_trainable_state_only,
     load_checkpoint,
+    read_rank_state,
     read_step,
     resolve_resume,
     save_checkpoint,
@@ -389,9 +390,12 @@ def train(
     params = list(objective.parameters())
 
     step = 0
+    window: Stats = {}  # per-rank sums since the last logged step
     if resume_from is not None:
         load_checkpoint(accelerator, resume_from, objective)
         step = read_step(resume_from)
+        saved_window = read_rank_state(resume_from, accelerator.process_index).get("log_window", {})
+        window = {k: torch.tensor(v, device=accelerator.device) for k, v in saved_window.items()}
         logger.info("resumed from %s at step %d", resume_from, step)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -411,7 +415,6 @@ def train(
     micro_per_epoch = len(train_loader)
     micro = step * tc.grad_accum  # micro-batches consumed so far
     epoch, skip = divmod(micro, micro_per_epoch)
-    window: Stats = {}
     throughput = Throughput(accelerator)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (tc.progress_bar and accelerator.is_main_process))
     stopped = False
@@ -451,7 +454,10 @@ def train(
                 bar.set_postfix(**_bar_fields(metrics))
             if tc.save_every and step % tc.save_every == 0:
                 with throughput.paused():
-                    save_checkpoint(accelerator, out, step, tc.keep_last, to_yaml(cfg), digest)
+                    log_window = {k: v.tolist() for k, v in window.items()}  # the next logged loss spans the resume
+                    save_checkpoint(
+                        accelerator, out, step, tc.keep_last, to_yaml(cfg), digest, {"log_window": log_window}
+                    )
             if tc.stop_after is not None and step >= tc.stop_after:
                 stopped = True
             if stopped or step >= tc.max_steps:

@@ -86,6 +86,32 @@ def test_tensorboard_writes_event_files(tiny_target_dir, small_chat_file, tmp_pa
     assert list((out / "logs").rglob("events.out.tfevents.*"))
 
 
+def _logged_losses(out: Path) -> dict[int, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    losses = {}
+    for events in sorted((out / "logs").rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        if "train/loss" in accumulator.Tags()["scalars"]:
+            losses.update({e.step: e.value for e in accumulator.Scalars("train/loss")})
+    return losses
+
+
+def test_the_loss_logged_across_a_resume_is_the_uninterrupted_runs(tiny_target_dir, small_chat_file, tmp_path):
+    """Checkpoints every 2 steps, losses logged every 3: the window logged at step 6 began before the step-4
+    checkpoint. It is saved with the checkpoint, so the resumed run logs the same mean as an uninterrupted one."""
+    runs = {}
+    for name, stops in (("full", [None]), ("resumed", [4, None])):
+        for stop_after in stops:
+            kw = dict(max_steps=6, batch_size=2, save_every=2, log_every=3, resume="auto", stop_after=stop_after)
+            overrides = ["train.log_with=tensorboard", "head.options.num_heads=1"]
+            overrides += tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / name, **kw)
+            train(load_config(MEDUSA, [o for o in overrides if o != "train.stop_after=None"]))
+        runs[name] = _logged_losses(tmp_path / name)
+    assert sorted(runs["full"]) == [3, 6] and runs["resumed"] == runs["full"]
+
+
 def test_a_sigtermed_run_keeps_its_wandb_metrics_and_resumes_into_the_same_wandb_run(
     tiny_target_dir, small_chat_file, tmp_path
 ):
