@@ -58,7 +58,7 @@ class MedusaHeads(DraftHead):
     config_class = MedusaConfig
     card_tags = ("medusa",)
 
-    def __init__(self, config: MedusaConfig, target: PreTrainedModel) -> None:
+    def __init__(self, config: MedusaConfig, target: PreTrainedModel, copy_lm_head: bool = True) -> None:
         super().__init__(config)
         if config.num_heads < 1 or config.num_layers < 0:
             raise ValueError(f"MedusaConfig needs num_heads >= 1 and num_layers >= 0, found {config}")
@@ -86,8 +86,14 @@ class MedusaHeads(DraftHead):
                 nn.Linear(hidden, vocab, bias=False, dtype=dtype) for _ in range(config.num_heads)
             )
             with torch.no_grad():
-                for head in self.lm_heads:
+                for head in self.lm_heads if copy_lm_head else ():
                     head.weight.copy_(source)
+
+    @classmethod
+    def for_loading(cls, config: MedusaConfig, target: PreTrainedModel) -> MedusaHeads:
+        """An instance whose weights a strict state-dict load overwrites: its own lm_heads are not copied from the
+        target's (under ZeRO-3 the adapted target of Medusa-2 holds only a partition of that weight)."""
+        return cls(config, target, copy_lm_head=False)
 
     @property
     def num_heads(self) -> int:

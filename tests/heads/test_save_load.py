@@ -361,3 +361,19 @@ def test_hand_edited_config_values_are_clear_errors(saved_medusa, tiny_llama, wh
     path.write_text(json.dumps(meta if where else [meta]))
     with pytest.raises((HeadLoadError, HeadConfigError), match=message):
         load_head(saved_medusa, tiny_llama)
+
+
+def test_medusa_heads_rebuilt_for_loading_do_not_read_the_targets_lm_head(tiny_llama):
+    """The final save of a Medusa-2 run rebuilds the heads on the adapted target, which ZeRO-3 (or FSDP) holds as a
+    partition: an lm_head weight of shape (0,). A rebuild for loading must not copy from it; the load sets it."""
+    import copy
+
+    heads = MedusaHeads(MedusaConfig(num_heads=2, share_lm_head=False), tiny_llama)
+    partitioned = make_tiny_llama()
+    partitioned.lm_head.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    with pytest.raises(RuntimeError):
+        MedusaHeads(copy.deepcopy(heads.config), partitioned)  # a fresh head does copy the target's lm_head
+    rebuilt = MedusaHeads.for_loading(copy.deepcopy(heads.config), partitioned)
+    rebuilt.load_state_dict(heads.state_dict(), strict=True)
+    for name, tensor in heads.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[name], tensor), name
