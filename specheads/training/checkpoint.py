@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import safetensors.torch
 import torch
 from accelerate import Accelerator
@@ -216,9 +217,13 @@ def data_digest(train_dataset: Any, eval_dataset: Any) -> str:
         caches = getattr(dataset, "datasets", [dataset])  # a ConcatFeatureCache holds several
         if all(hasattr(cache, "meta") for cache in caches):
             digest.update(json.dumps([[cache.meta.get("data_sha1"), len(cache)] for cache in caches]).encode())
-        else:
-            for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"]):
-                digest.update(json.dumps([list(ids), list(mask)]).encode())
+        else:  # a tokenized datasets.Dataset, read in slices (a whole column would be one Python list)
+            for start in range(0, len(dataset), 1024):
+                rows = dataset[start : start + 1024]
+                for ids, mask in zip(rows["input_ids"], rows["loss_mask"]):
+                    digest.update(len(ids).to_bytes(8, "little"))
+                    digest.update(np.asarray(ids, dtype=np.int64).tobytes())
+                    digest.update(np.asarray(mask, dtype=np.int8).tobytes())
         digest.update(b"|")
     return digest.hexdigest()[:16]
 
