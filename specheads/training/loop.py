@@ -354,7 +354,8 @@ def train(
         check_cache_target(eval_ds, target)
         if accelerator.is_main_process:
             warn_ignored_data_settings(cfg.data, train_ds)
-    digest = data_digest(train_ds, eval_ds)
+    # what checkpoints record and a resume checks: one pass over the data, so only when either happens
+    digest = data_digest(train_ds, eval_ds) if tc.save_every or resume_from is not None else None
     if resume_from is not None:
         check_resume_data(resume_from, digest)
     head = build_head(cfg, target, train_ds)
@@ -495,6 +496,10 @@ def _has_accelerator() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
+def _launched_with_deepspeed() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
 def _launched_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -504,8 +509,7 @@ def _cpu_processes() -> bool:
     Accelerate starts them from a MULTI_GPU launch config (configs/accelerate/cpu-2proc.yaml), but unless the
     Accelerator is told ``cpu=True`` (or ``ACCELERATE_USE_CPU=1``) each trains alone, as a world of one, in the
     same output folder."""
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    return _launched_world() > 1 and not _has_accelerator() and not deepspeed
+    return _launched_world() > 1 and not _has_accelerator() and not _launched_with_deepspeed()
 
 
 def _check_world(accelerator: Accelerator) -> None:
@@ -523,8 +527,8 @@ def _check_world(accelerator: Accelerator) -> None:
 def _process_group_kwargs() -> list[InitProcessGroupKwargs]:
     """Accelerate picks a process-group backend only for accelerator devices; under DeepSpeed on a CPU-only machine it
     would silently run every rank as a world of one. Name gloo there (DeepSpeed's CPU accelerator talks gloo)."""
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    return [InitProcessGroupKwargs(backend="gloo")] if deepspeed and not torch.cuda.is_available() else []
+    cpu_only = not torch.cuda.is_available()
+    return [InitProcessGroupKwargs(backend="gloo")] if _launched_with_deepspeed() and cpu_only else []
 
 
 def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:
