@@ -96,7 +96,14 @@ def load_target(
             f"{TREE_ATTENTION_IMPLEMENTATIONS} (both take an additive float 4D mask unchanged)."
         )
     name = str(name_or_path)
-    kwargs = dict(dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    # device_map: the weights load straight onto the device, never as a whole copy in host memory first (each rank
+    # of a multi-GPU launch loads its own target)
+    kwargs = dict(
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+        device_map={"": torch.device(device)},
+    )
     if name in BUILTIN_TARGETS:
         model_dir = ensure_builtin_converted(name)
         model, tokenizer = _from_pretrained(str(model_dir), kwargs, tokenizer_kwargs={})
@@ -119,7 +126,6 @@ def load_target(
     else:
         model, tokenizer = _from_hub(name, kwargs, revision)
     model.config.name_or_path = name
-    model.to(device)
     model.eval()
     model.requires_grad_(False)
     if tokenizer.pad_token_id is None:

@@ -28,6 +28,7 @@ from accelerate.utils import (
     GradientAccumulationPlugin,
     InitProcessGroupKwargs,
     ProjectConfiguration,
+    parse_flag_from_env,
     set_seed,
 )
 from torch.utils.data import DataLoader
@@ -332,7 +333,9 @@ def train(
             "use train.mixed_precision=bf16 (CPU autocast) or no."
         )
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
-        target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype))
+        target, tokenizer = load_target(
+            cfg.target.name, dtype=getattr(torch, cfg.target.dtype), device=_launch_device()
+        )
     target_was_training = target.training
     accelerator = Accelerator(
         cpu=_cpu_processes(),
@@ -494,6 +497,14 @@ def sync_deepspeed_clipping(config: dict[str, Any], max_grad_norm: float) -> Non
 
 def _has_accelerator() -> bool:
     return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def _launch_device() -> torch.device:
+    """Where this process will train, known before the Accelerator exists: its local GPU under a launcher (as
+    Accelerate picks it), else the CPU. The frozen target loads straight onto it."""
+    if torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU"):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def _launched_with_deepspeed() -> bool:

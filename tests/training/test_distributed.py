@@ -188,3 +188,19 @@ def test_medusa2_under_deepspeed_checkpoints_without_the_frozen_target_and_resum
     assert resumed[0]["step"] == whole[0]["step"] == 4
     assert resumed[0]["checksum"] == pytest.approx(whole[0]["checksum"], rel=1e-9, abs=1e-9)
     assert (resumed_dir / "lora" / "adapter_model.safetensors").is_file()
+
+
+def test_each_rank_loads_the_target_onto_its_own_gpu(monkeypatch):
+    """The target loads before the Accelerator exists, straight onto the device the rank will train on (no host
+    copy per rank): LOCAL_RANK's GPU, or the CPU when the launch asks for it or there is no GPU."""
+    from specheads.training.loop import _launch_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    assert _launch_device() == torch.device("cuda", 3)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    assert _launch_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
+    assert _launch_device() == torch.device("cpu")
