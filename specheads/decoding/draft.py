@@ -161,11 +161,12 @@ class MedusaDrafter:
         state.root = root
 
     def propose(self, state: MedusaState) -> DraftTree:
+        if self.tree.ranks.device != state.hidden.device:  # once: the structure then stays with the heads
+            self.tree = self.tree.to(state.hidden.device)
         tree = self.tree
         logits = self.heads(state.hidden)[: tree.max_depth, 0, 0]  # (D, V): head d guesses depth d
         guesses = torch.topk(logits, tree.max_rank, dim=-1).indices  # (D, R)
-        depths, ranks = tree.compiled.depths.to(guesses.device), tree.ranks.to(guesses.device)
-        tokens = guesses[(depths - 1).clamp(min=0), ranks]  # (n,)
+        tokens = guesses[(tree.compiled.depths - 1).clamp(min=0), tree.ranks]  # (n,)
         tokens[0] = state.root
         return DraftTree(tokens=tokens, parents=tree.compiled.parents, structure=tree.compiled)
 

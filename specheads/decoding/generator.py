@@ -221,7 +221,8 @@ class SpeculativeGenerator:
                 req.stats.stop_reason = "context_full"  # not even the root has a position left
                 break
             ancestors = _ancestors(tree)
-            depth = int(ancestors.sum(dim=1).max()) - 1  # of the deepest node; the root is depth 0
+            # of the deepest node; the root is depth 0 (a static tree knows it without a device sync)
+            depth = tree.structure.max_depth if tree.structure is not None else int(ancestors.sum(dim=1).max()) - 1
             deep = self.max_context and prefix_len + depth >= self.max_context
             if deep or (self.window and prefix_len + tree.num_nodes > self.window):
                 # near the end of the context (or of a sliding window, which must hold every node): the root alone
@@ -230,7 +231,10 @@ class SpeculativeGenerator:
             # 2. verify: one target forward over every node
             sync()  # on a GPU, wait for queued kernels so that each phase's time is its own
             t1 = time.perf_counter()
-            verification = verify_tree(self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors)
+            depths = tree.structure.depths if tree.structure is not None else None
+            verification = verify_tree(
+                self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors, depths
+            )
             req.stats.target_forwards += 1
             # 3. accept: the longest acceptable path plus the bonus/correction token
             sync()

@@ -51,6 +51,10 @@ class CompiledTree:
         """``(1, n)``: each node sits at ``prefix_len + depth``."""
         return (prefix_len + self.depths).unsqueeze(0)
 
+    def to(self, device: torch.device | str) -> CompiledTree:
+        move = lambda t: t.to(device)  # noqa: E731
+        return CompiledTree(move(self.parents), move(self.depths), move(self.ancestors), move(self.retrieve_indices))
+
 
 @dataclass(frozen=True)
 class StaticTree:
@@ -74,8 +78,12 @@ class StaticTree:
 
     @property
     def max_rank(self) -> int:
-        """How many top-k guesses per depth the tree needs."""
-        return int(self.ranks.max().item()) + 1
+        """How many top-k guesses per depth the tree needs (from ``choices``: no device sync)."""
+        return max(path[-1] for path in self.choices) + 1
+
+    def to(self, device: torch.device | str) -> StaticTree:
+        """The same tree with its structure on ``device``, so drafting and verifying it copy nothing per step."""
+        return StaticTree(self.choices, self.compiled.to(device), self.ranks.to(device))
 
 
 def children_lists(parents: list[int]) -> list[list[int]]:

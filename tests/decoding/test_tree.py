@@ -56,6 +56,20 @@ def test_static_tree_from_choices_matches_hand_built():
     assert tree.max_depth == 3 and tree.max_rank == 2 and tree.num_nodes == 7
 
 
+def test_static_tree_moves_to_a_device_whole():
+    """Medusa drafting moves its tree to the heads' device once; every structure tensor goes with it."""
+    tree = static_tree(CHOICES)
+    moved = tree.to("meta")
+    compiled = moved.compiled
+    tensors = [moved.ranks, compiled.parents, compiled.depths, compiled.ancestors, compiled.retrieve_indices]
+    assert all(t.device.type == "meta" for t in tensors)
+    assert [t.shape for t in tensors[1:]] == [
+        t.shape for t in (tree.compiled.parents, tree.compiled.depths, tree.compiled.ancestors,
+                          tree.compiled.retrieve_indices)
+    ]  # fmt: skip
+    assert moved.choices == tree.choices and moved.max_rank == 2 and moved.max_depth == 3
+
+
 def test_chain_is_one_path():
     tree = chain_tree(4)
     assert tree.compiled.parents.tolist() == [-1, 0, 1, 2, 3]
