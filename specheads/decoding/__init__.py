@@ -1,7 +1,9 @@
 """How draft heads are used: tree, draft, verify, accept, cache commit, generate.
 
-from specheads.decoding import SpeculativeGenerator, build_drafter
-generator = SpeculativeGenerator(target, tokenizer, build_drafter(head, tree="small10"))
+from specheads.decoding import SpeculativeGenerator, auto_tree_drafter, build_drafter
+generator = SpeculativeGenerator(target, tokenizer, build_drafter(head))  # the head type's default tree
+# or a tree sized for this machine by the cost model (measured once, then cached):
+# generator = SpeculativeGenerator(target, tokenizer, auto_tree_drafter(head, head_dir, target, tokenizer).drafter)
 result = generator.generate("Why is the sky blue?", max_new_tokens=128)
 print(result.text, result.stats.summary())
 """
@@ -21,6 +23,7 @@ from specheads.decoding.draft import (
     PromptLookupDrafter,
     Sampling,
 )
+from specheads.decoding.drafters import DrafterSpec, auto_tree_drafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import GenerationResult, GenerationStats, SpeculativeGenerator
@@ -46,6 +49,7 @@ __all__ = [
     "DraftBackoff",
     "DraftModelDrafter",
     "DraftTree",
+    "DrafterSpec",
     "Drafter",
     "DynamicTreeConfig",
     "EagleTreeDrafter",
@@ -59,9 +63,10 @@ __all__ = [
     "StaticTree",
     "Verification",
     "accept_greedy",
-    "build_drafter",
     "accept_speculative",
     "accept_typical",
+    "auto_tree_drafter",
+    "build_drafter",
     "chain_tree",
     "commit_path",
     "compile_tree",

@@ -15,6 +15,7 @@ No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram d
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,7 +149,9 @@ def generate_main(argv: list[str] | None = None) -> int:
             )
         else:
             try:
-                spec = fixed_drafter(head, args.tree)
+                with warnings.catch_warnings():  # the note below says it in the CLI's words
+                    warnings.filterwarnings("ignore", message="the default EAGLE tree")
+                    spec = fixed_drafter(head, args.tree)
             except ValueError as error:
                 parser.error(f"--tree: {error}")
             if args.tree is None and head.head_type == "eagle" and target.device.type == "cpu":

@@ -15,6 +15,8 @@ kernels do. Everything else (GPU, bf16, one row, long prefills) keeps the stock 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from collections.abc import Iterator
 from functools import partial
 
@@ -43,14 +45,30 @@ def _linear(module: nn.Linear, x: torch.Tensor, max_rows: int) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], module.out_features)
 
 
+_PATCH_LOCK = threading.Lock()
+_PATCH_USERS: weakref.WeakKeyDictionary[nn.Linear, int] = weakref.WeakKeyDictionary()
+"""How many open ``small_batch_linear`` blocks use each patched layer: overlapping blocks (threads sharing a
+target, or a drafter that shares layers with it) patch a layer once and the last one out restores it."""
+
+
 @contextlib.contextmanager
 def small_batch_linear(model: nn.Module, max_rows: int = MAX_ROWS) -> Iterator[None]:
-    """Within the block, ``model``'s ``nn.Linear`` layers compute few-row CPU fp32 products as ``(W @ x.T).T``."""
-    layers = [m for m in model.modules() if type(m) is nn.Linear and "forward" not in m.__dict__]
-    for layer in layers:
-        layer.forward = partial(_linear, layer, max_rows=max_rows)
+    """Within the block, ``model``'s ``nn.Linear`` layers compute few-row CPU fp32 products as ``(W @ x.T).T``.
+    Layers whose ``forward`` someone else replaced are left alone."""
+    with _PATCH_LOCK:
+        layers = [
+            m for m in model.modules() if type(m) is nn.Linear and (m in _PATCH_USERS or "forward" not in m.__dict__)
+        ]
+        for layer in layers:
+            if layer not in _PATCH_USERS:
+                layer.forward = partial(_linear, layer, max_rows=max_rows)
+            _PATCH_USERS[layer] = _PATCH_USERS.get(layer, 0) + 1
     try:
         yield
     finally:
-        for layer in layers:
-            del layer.forward
+        with _PATCH_LOCK:
+            for layer in layers:
+                _PATCH_USERS[layer] -= 1
+                if not _PATCH_USERS[layer]:
+                    del _PATCH_USERS[layer]
+                    del layer.forward

@@ -46,6 +46,7 @@ from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import DEFAULT_LOOKUP_MIN_NGRAM, LOOKUP_MAX_NGRAM, LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
+from specheads.target import cache_root
 
 AUTO_TREE_VERSION = 1  # bump when what a cached choice means changes
 CALIBRATION_TOKENS = 32
@@ -284,7 +285,7 @@ def auto_tree_drafter(
     head_dir: str | os.PathLike,
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    cache_dir: str | os.PathLike,
+    cache_dir: str | os.PathLike | None = None,
     recalibrate: bool = False,
     log: Any = print,
     lookup_branch: int = 0,
@@ -295,7 +296,9 @@ def auto_tree_drafter(
     the calibration run and cached with the tree per branch size; a cached tree without that price is calibrated
     again (its calibration run is not kept).
 
-    ``log`` receives one line per stage (the cost curve and the calibration take a while on first use)."""
+    ``log`` receives one line per stage (the cost curve and the calibration take a while on first use).
+    ``cache_dir`` defaults to ``$SPECHEADS_CACHE`` or ``~/.cache/specheads``, as for ``specheads generate``."""
+    cache_dir = cache_root() if cache_dir is None else cache_dir
     path = auto_tree_cache_path(cache_dir, head_dir, target)
     cached = None if recalibrate else cached_tree(path)
     if cached is not None and lookup_branch and lookup_solo == "auto" and lookup_branch not in cached.lookup_solo:

@@ -8,6 +8,7 @@ expansion, N nodes kept). None picks each head type's default.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,13 @@ def build_drafter(head: Any, tree: str | None = None) -> Any:
         return DraftModelDrafter(head, depth, min_length=depth, max_length=depth)
     if kind == "eagle":
         if tree is None or tree == "dynamic":
+            if next(head.parameters()).device.type == "cpu":
+                warnings.warn(
+                    "the default EAGLE tree (dynamic, 60 nodes) is sized for a GPU; on a CPU, verifying it costs "
+                    "several plain steps, so it may be slower than plain decoding. Pass tree='chain:3', or size it "
+                    "for this machine with specheads.decoding.auto_tree_drafter",
+                    stacklevel=2,
+                )
             return EagleTreeDrafter(head, DynamicTreeConfig())
         if not tree.startswith("dynamic:"):
             raise ValueError(f"EAGLE heads take --tree chain[:D] or dynamic[:D,K,N]; got {tree!r}")

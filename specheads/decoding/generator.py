@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,10 +35,11 @@ from specheads.decoding.kv_cache import commit_path
 from specheads.decoding.sampling import sample_from_probs, warn_unapplied_generation_settings
 from specheads.decoding.tree import ancestor_matrix
 from specheads.decoding.verify import select_rows, verify_tree
+from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
 
 ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
 
-Prompt = str | list[dict[str, str]] | torch.Tensor | list[int]
+Prompt = str | list[dict[str, str]] | torch.Tensor | list[int] | Mapping[str, Any]
 """A plain string (chat-templated when the tokenizer has a template), chat messages, or token ids (used as is)."""
 
 
@@ -109,6 +110,7 @@ class RequestState:
     drafter_state: Any
     generator: torch.Generator | None
     stats: GenerationStats
+    eos_ids: set[int] = field(default_factory=set)  # read from the target's generation config at each call
     text: str = ""
     streamed: str = ""  # the prefix of text already passed to the stream callback
 
@@ -134,6 +136,14 @@ class SpeculativeGenerator:
         lossless). True uses the default policy; a ``DraftBackoff`` is copied afresh for every request."""
         if acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
+        attention = getattr(target.config, "_attn_implementation", None)
+        if attention not in TREE_ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(
+                f"the target uses attn_implementation={attention!r}, which does not apply the additive 4D tree mask "
+                f"verification passes; expected one of {TREE_ATTENTION_IMPLEMENTATIONS}. Load it with "
+                "attn_implementation='sdpa' (or specheads.target.load_target), or call "
+                "target.set_attn_implementation('sdpa')"
+            )
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.acceptance = acceptance
         self.typical_params = (posterior_threshold, posterior_alpha)
@@ -143,9 +153,30 @@ class SpeculativeGenerator:
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
         self.window = sliding_window(DynamicCache(config=target.config))  # 0: every layer sees the whole prefix
         warn_unapplied_generation_settings(target)
-        eos = target.generation_config.eos_token_id if target.generation_config is not None else None
-        eos = tokenizer.eos_token_id if eos is None else eos
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+
+    def check_drafter_placement(self) -> None:
+        """The drafter's modules must sit on the target's device, and a head that reads the target's hidden states
+        must share its dtype: a model or head moved after loading would otherwise fail deep inside a forward."""
+        weight = self.target.get_input_embeddings().weight
+        for name in ("model", "head", "heads"):
+            module = getattr(self.drafter, name, None)
+            if not isinstance(module, torch.nn.Module):
+                continue
+            for param in module.parameters():
+                wrong_dtype = name != "model" and param.is_floating_point() and param.dtype != weight.dtype
+                if param.device != weight.device or wrong_dtype:
+                    raise ValueError(
+                        f"the drafter's {name} is on {param.device} in {param.dtype}, the target on {weight.device} "
+                        f"in {weight.dtype}; move it to match (e.g. drafter.{name}.to(target.device, "
+                        "target.dtype)), or load the head after moving the target: load_head places it there"
+                    )
+
+    def eos_ids(self) -> set[int]:
+        """The target's EOS ids as its generation config says now (else the tokenizer's), as ``generate`` reads them."""
+        config = self.target.generation_config
+        eos = config.eos_token_id if config is not None else None
+        eos = self.tokenizer.eos_token_id if eos is None else eos
+        return set(eos if isinstance(eos, list) else [eos]) - {None}
 
     def generate(
         self,
@@ -158,13 +189,24 @@ class SpeculativeGenerator:
         seed: int | None = None,
         stream: Callable[[str], None] | None = None,
     ) -> GenerationResult:
-        """Generate from a prompt (text, chat messages or token ids); see the class docstring for the stats.
+        """Generate from a prompt; ``result.token_ids`` are the new tokens (not the prompt; a final EOS included),
+        ``result.text`` their text without special tokens, ``result.stats`` a ``GenerationStats`` (tau, acceptance
+        per depth, the time split, ``lossy``).
+
+        ``prompt``: a string (wrapped as a user turn in the chat template when the tokenizer has one: pass token ids
+        for raw text), chat messages, token ids (a list, a 1D tensor or a (1, T) tensor), or a tokenizer's output
+        (``input_ids`` and an optional left-padding ``attention_mask``, whose padding is dropped). One sequence per
+        call. ``temperature`` 0 is greedy (token-identical to the target's ``generate``); above 0 samples exactly
+        the target's distribution after ``top_k``/``top_p``. ``seed`` makes sampling reproducible; None draws one
+        from torch's global generator (so ``torch.manual_seed`` applies). ``stream`` receives each new piece of
+        text as it is committed. One call at a time per generator.
 
         Runs under ``small_batch_linear`` on the target (and a module drafter) when ``cpu_small_batch_linear``.
         """
+        self.check_drafter_placement()
         with contextlib.ExitStack() as stack:
             if self.cpu_small_batch_linear:
-                drafter_modules = [getattr(self.drafter, name, None) for name in ("model", "head")]
+                drafter_modules = [getattr(self.drafter, name, None) for name in ("model", "head", "heads")]
                 for module in [self.target, *drafter_modules]:
                     if isinstance(module, torch.nn.Module):
                         stack.enter_context(small_batch_linear(module))
@@ -267,7 +309,8 @@ class SpeculativeGenerator:
         generator = None
         if not sampling.greedy:
             generator = torch.Generator(device=device)
-            generator.manual_seed(seed if seed is not None else torch.seed())
+            # no seed: one drawn from the global generator, which torch.manual_seed governs and this does not reseed
+            generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,)).item()))
         cache = DynamicCache(config=self.target.config)
         out = self.target(
             input_ids=input_ids.to(device).unsqueeze(0),
@@ -286,7 +329,7 @@ class SpeculativeGenerator:
         if self.drafter is not None:
             hidden = out.hidden_states if self.layer_ids else None
             drafter_state = self.drafter.begin(input_ids.to(device), hidden, root, sampling, generator)
-        return RequestState(cache, input_ids.numel(), [], root, drafter_state, generator, stats)
+        return RequestState(cache, input_ids.numel(), [], root, drafter_state, generator, stats, self.eos_ids())
 
     def accept(
         self, rule: str, tree: DraftTree, logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
@@ -321,7 +364,7 @@ class SpeculativeGenerator:
         for token in tokens:
             req.output.append(token)
             req.stats.new_tokens += 1
-            if token in self.eos_ids:
+            if token in req.eos_ids:
                 req.stats.stop_reason = "eos"
             elif stop and any(s in self.tokenizer.decode(req.output[-64:]) for s in stop):
                 req.stats.stop_reason = "stop_string"
@@ -340,19 +383,36 @@ class SpeculativeGenerator:
             req.streamed = ready
 
     def encode(self, prompt: Prompt) -> torch.Tensor:
-        """Token ids (T,) of a prompt; errors for empty, batched or over-long prompts."""
+        """Token ids (T,) of a prompt; errors for empty, batched, padded, over-long or unknown prompts."""
+        mask = None
+        if isinstance(prompt, Mapping):  # a tokenizer's output (BatchEncoding) or a dict of its fields
+            if "input_ids" not in prompt:
+                raise TypeError(f"a mapping prompt needs 'input_ids' (a tokenizer's output); got keys {list(prompt)}")
+            prompt, mask = prompt["input_ids"], prompt.get("attention_mask")
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty; pass a non-empty string, chat messages or token ids")
             if self.tokenizer.chat_template:
                 prompt = [{"role": "user", "content": prompt}]
             else:
-                ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+                prompt = self.tokenizer(prompt, return_tensors="pt").input_ids
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], str):
+            raise ValueError(
+                f"got {len(prompt)} text prompts; speculative generation runs one sequence at a time: call generate "
+                "once per prompt"
+            )
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt")
-            ids = ids["input_ids"] if not torch.is_tensor(ids) else ids
-        elif isinstance(prompt, (list, torch.Tensor)):
-            ids = torch.as_tensor(prompt, dtype=torch.long)
+            prompt = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt")
+            prompt = prompt["input_ids"] if not torch.is_tensor(prompt) else prompt
+        if not isinstance(prompt, (list, tuple, torch.Tensor)):
+            raise TypeError(
+                f"expected a prompt as text, chat messages, token ids (list or tensor) or a tokenizer's output; got "
+                f"{type(prompt).__name__}"
+            )
+        ids = torch.as_tensor(prompt)
+        if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+            raise TypeError(f"token ids must be integers, got a {ids.dtype} tensor")
+        ids = ids.long()
         if ids.dim() == 2:
             if ids.shape[0] != 1:
                 raise ValueError(
@@ -360,6 +420,8 @@ class SpeculativeGenerator:
                     "one sequence at a time: call generate once per prompt"
                 )
             ids = ids[0]
+        if mask is not None:
+            ids = _drop_left_padding(ids, torch.as_tensor(mask).reshape(-1))
         if ids.dim() != 1 or ids.numel() == 0:
             raise ValueError(
                 f"the prompt is empty or malformed (token ids of shape {tuple(ids.shape)}); pass text or ids"
@@ -370,6 +432,21 @@ class SpeculativeGenerator:
                 "(max_position_embeddings); shorten the prompt to leave room for new tokens"
             )
         return ids
+
+
+def _drop_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The ids without the padding an attention mask marks at their start (what ``generate`` ignores); padding
+    elsewhere has no single-sequence meaning and is an error."""
+    if mask.shape != ids.shape:
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, but the ids have {tuple(ids.shape)}")
+    keep = mask.bool()
+    start = int(keep.long().argmax()) if keep.any() else ids.numel()
+    if not keep[start:].all():
+        raise ValueError(
+            "the attention_mask masks tokens after the first kept one (right or inner padding); pass the "
+            "unpadded ids of one sequence"
+        )
+    return ids[start:]
 
 
 def _ancestors(tree: DraftTree) -> torch.Tensor:

@@ -28,6 +28,10 @@ HEADS: dict[str, type[DraftHead]] = {
 """The literal registry of head types, keyed by the ``head_type`` written into ``config.json``."""
 
 
+ADAPTER_MARK = "specheads_lora_adapter"
+"""Attribute ``load_lora_adapter`` sets on the model it adapts: the adapter folder it applied."""
+
+
 def load_head(
     dir_or_hub_id: str | os.PathLike,
     target: PreTrainedModel,
@@ -39,8 +43,18 @@ def load_head(
     ``trainable=True`` keeps train mode and the gradients of a freshly built head (to continue training from it), in
     fp32 whatever the target's dtype: optimizer updates to bf16 weights would mostly round away.
     A Llama EAGLE-3 draft checkpoint as SpecForge, vLLM and SGLang use it loads too (``specheads.heads.interop``).
+    A Medusa-2 head's LoRA adapter (``lora/`` beside it) is not applied here: call ``load_lora_adapter(target,
+    folder)`` first, as ``specheads generate`` does; loading such a head onto a target without it warns.
     """
     folder = resolve_head_folder(dir_or_hub_id, revision)
+    adapter = folder / LORA_DIR
+    if not trainable and adapter.is_dir() and getattr(target, ADAPTER_MARK, None) != str(adapter.resolve()):
+        warnings.warn(
+            f"{folder} was trained jointly with a LoRA adapter on the target (Medusa-2, in {adapter}), which this "
+            "target does not carry: drafts will come from the unadapted target. Call "
+            f"target = specheads.heads.load_lora_adapter(target, {str(folder)!r}) before load_head",
+            stacklevel=2,
+        )
     raw = _read_json(folder / CONFIG_NAME)
     if is_eagle3_checkpoint(raw):
         head = load_eagle3_checkpoint(folder, target)
@@ -181,4 +195,5 @@ def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -
     model = adapted.merge_and_unload() if exact_merge else adapted.get_base_model()
     model.eval()
     model.requires_grad_(False)
+    setattr(model, ADAPTER_MARK, str(adapter.resolve()))  # load_head checks that its adapter is the one applied
     return model

@@ -1,0 +1,134 @@
+"""SpeculativeGenerator as a Python library: prompt forms, RNG use, EOS, placement and attention checks, the CPU
+kernel patch shared between overlapping calls, and the Medusa-2 adapter warning (tiny random Llama)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from transformers import BatchEncoding
+
+from specheads.decoding import build_drafter
+from specheads.decoding.cpu_kernels import small_batch_linear
+from specheads.decoding.draft import MedusaDrafter
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.tree import DynamicTreeConfig, static_tree
+from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, load_head, load_lora_adapter
+from tests.decoding.helpers import TinyTokenizer
+
+PROMPT = [3, 17, 42, 5, 17, 42, 9]
+
+
+@pytest.fixture
+def target(tiny_llama):
+    tiny_llama.generation_config.eos_token_id = None
+    return tiny_llama
+
+
+def _plain(target) -> SpeculativeGenerator:
+    return SpeculativeGenerator(target, TinyTokenizer())
+
+
+def test_tokenizer_output_with_left_padding_is_the_unpadded_prompt(target):
+    generator = _plain(target)
+    expected = generator.generate(PROMPT, max_new_tokens=6).token_ids
+    padded = BatchEncoding(
+        {"input_ids": torch.tensor([[0, 0] + PROMPT]), "attention_mask": torch.tensor([[0, 0] + [1] * 7])}
+    )
+    assert generator.generate(padded, max_new_tokens=6).token_ids == expected
+    assert generator.generate({"input_ids": torch.tensor([PROMPT])}, max_new_tokens=6).token_ids == expected
+    assert generator.generate(tuple(PROMPT), max_new_tokens=6).token_ids == expected
+    right = {"input_ids": torch.tensor([PROMPT + [0]]), "attention_mask": torch.tensor([[1] * 7 + [0]])}
+    with pytest.raises(ValueError, match="right or inner padding"):
+        generator.generate(right, max_new_tokens=6)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "error", "match"),
+    [
+        (torch.tensor([3.7, 4.0]), TypeError, "must be integers"),
+        ({"attention_mask": [1, 1]}, TypeError, "needs 'input_ids'"),
+        (["one prompt", "another"], ValueError, "one sequence at a time"),
+        (42, TypeError, "got int"),
+    ],
+)
+def test_unusable_prompts_are_named(target, prompt, error, match):
+    with pytest.raises(error, match=match):
+        _plain(target).generate(prompt, max_new_tokens=2)
+
+
+def test_unseeded_sampling_follows_torch_manual_seed_and_does_not_reseed(target):
+    generator = _plain(target)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        runs.append(generator.generate(PROMPT, max_new_tokens=8, temperature=1.0).token_ids)
+        assert torch.initial_seed() == 123  # the global generator was not reseeded
+    assert runs[0] == runs[1]
+
+
+def test_eos_is_read_at_each_call(target):
+    generator = _plain(target)
+    tokens = generator.generate(PROMPT, max_new_tokens=8).token_ids
+    target.generation_config.eos_token_id = tokens[2]  # set after the generator was built
+    assert generator.generate(PROMPT, max_new_tokens=8).token_ids == tokens[: tokens.index(tokens[2]) + 1]
+
+
+def test_attention_without_tree_masks_is_refused(target):
+    target.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="does not apply the additive 4D tree mask"):
+        _plain(target)
+
+
+def test_a_head_moved_to_another_dtype_is_named_before_decoding(target):
+    head = EagleDrafter(EagleConfig(version=1), target).eval()
+    generator = SpeculativeGenerator(target, TinyTokenizer(), EagleTreeDrafter(head, DynamicTreeConfig(2, 2, 4)))
+    generator.generate(PROMPT, max_new_tokens=4)
+    head.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"drafter's head is on cpu in torch.bfloat16, the target on cpu"):
+        generator.generate(PROMPT, max_new_tokens=4)
+    medusa = MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=2), target).eval(), static_tree([[0], [0, 0]]))
+    medusa.heads.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="drafter's heads"):
+        SpeculativeGenerator(target, TinyTokenizer(), medusa).generate(PROMPT, max_new_tokens=4)
+
+
+def test_the_default_eagle_tree_on_a_cpu_warns(target):
+    head = EagleDrafter(EagleConfig(version=1), target).eval()
+    with pytest.warns(UserWarning, match="sized for a GPU"):
+        build_drafter(head)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_drafter(head, "chain:3")
+
+
+def test_overlapping_kernel_patches_restore_once(target):
+    """Two generate calls sharing a target (threads) overlap their patch blocks: the layers stay patched until the
+    last block ends, then are restored exactly once."""
+    layer = target.lm_head
+    first, second = small_batch_linear(target), small_batch_linear(target)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert "forward" in layer.__dict__  # still in use by the second block
+    second.__exit__(None, None, None)
+    assert "forward" not in layer.__dict__
+    with small_batch_linear(target):  # and it patches again afterwards
+        assert "forward" in layer.__dict__
+
+
+def test_a_medusa2_head_without_its_adapter_warns(target, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    MedusaHeads(MedusaConfig(num_heads=2), target).save_pretrained(tmp_path)
+    adapted = get_peft_model(copy.deepcopy(target), LoraConfig(r=2, target_modules=["q_proj"]))
+    adapted.save_pretrained(tmp_path / "lora")
+    with pytest.warns(UserWarning, match="load_lora_adapter"):
+        load_head(tmp_path, target)
+    ready = load_lora_adapter(copy.deepcopy(target), tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_head(tmp_path, ready)
