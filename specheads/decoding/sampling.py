@@ -79,6 +79,8 @@ UNAPPLIED_GENERATION_SETTINGS = {
     "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0,
     "num_beams": 1,
+    "min_length": 0,
+    "min_new_tokens": None,
 }
 """Logits processors of a target's generation config that the speculative loop does not apply, and their neutral
 values. ``top_k``, ``top_p`` and ``temperature`` are arguments of ``generate`` instead."""
@@ -99,5 +101,13 @@ def warn_unapplied_generation_settings(target: PreTrainedModel) -> None:
             f"the target's generation config sets {found}, which speculative decoding does not apply: outputs follow "
             "the model's own distribution, as transformers' generate does with these at their defaults (and "
             "`specheads bench` runs its baselines that way). Clear them from model.generation_config to silence this",
+            stacklevel=3,
+        )
+    if getattr(config, "do_sample", False):
+        asked = {k: getattr(config, k, None) for k in ("temperature", "top_k", "top_p")}
+        warnings.warn(
+            f"the target's generation config asks to sample ({ {k: v for k, v in asked.items() if v is not None} }); "
+            "SpeculativeGenerator.generate takes temperature, top_k and top_p as arguments and decodes greedily "
+            "unless temperature > 0 is passed (max_new_tokens too is an argument, not read from the config)",
             stacklevel=3,
         )

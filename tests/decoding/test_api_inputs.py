@@ -132,3 +132,12 @@ def test_a_medusa2_head_without_its_adapter_warns(target, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_head(tmp_path, ready)
+
+
+def test_a_generation_config_that_samples_is_flagged(target):
+    """Chat models often ship do_sample=True: generate() takes the sampling settings as arguments, and says so."""
+    target.generation_config.do_sample, target.generation_config.temperature = True, 0.6
+    target.generation_config.min_new_tokens = 5
+    with pytest.warns(UserWarning, match=r"asks to sample \({'temperature': 0.6") as caught:
+        _plain(target)
+    assert any("min_new_tokens" in str(w.message) for w in caught)
