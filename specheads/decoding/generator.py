@@ -197,9 +197,11 @@ class SpeculativeGenerator:
         for raw text), chat messages, token ids (a list, a 1D tensor or a (1, T) tensor), or a tokenizer's output
         (``input_ids`` and an optional left-padding ``attention_mask``, whose padding is dropped). One sequence per
         call. ``temperature`` 0 is greedy (token-identical to the target's ``generate``); above 0 samples exactly
-        the target's distribution after ``top_k``/``top_p``. ``seed`` makes sampling reproducible; None draws one
-        from torch's global generator (so ``torch.manual_seed`` applies). ``stream`` receives each new piece of
-        text as it is committed. One call at a time per generator.
+        the target's distribution after ``top_k``/``top_p`` (transformers' ``generate`` adds ``top_k=50`` by
+        default: pass ``top_k=50`` to sample the same law). ``seed`` makes sampling reproducible, except with
+        ``backoff``, whose draft-or-not choice follows timings (the law stays exact, the drawn sequence varies);
+        None draws a seed from torch's global generator (so ``torch.manual_seed`` applies). ``stream`` receives
+        each new piece of text as it is committed. Each call keeps its state to itself.
 
         Runs under ``small_batch_linear`` on the target (and a module drafter) when ``cpu_small_batch_linear``.
         """

@@ -81,6 +81,10 @@ UNAPPLIED_GENERATION_SETTINGS = {
     "num_beams": 1,
     "min_length": 0,
     "min_new_tokens": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "guidance_scale": None,
+    "watermarking_config": None,
 }
 """Logits processors of a target's generation config that the speculative loop does not apply, and their neutral
 values. ``top_k``, ``top_p`` and ``temperature`` are arguments of ``generate`` instead."""

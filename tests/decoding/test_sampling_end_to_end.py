@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
@@ -40,15 +41,23 @@ def peaked_target():
     return target
 
 
-def exact_distribution(target) -> dict[tuple[int, ...], float]:
-    """P(x1, x2 | PROMPT) from the target's conditionals at T=1."""
+WARPED = {"temperature": 0.7, "top_k": 5, "top_p": 0.9}
+"""Sampling settings whose law is computed with transformers' own warpers (the reference, not specheads' code)."""
+
+
+def exact_distribution(target, temperature=1.0, top_k=None, top_p=None) -> dict[tuple[int, ...], float]:
+    """P(x1, x2 | PROMPT) from the target's conditionals, warped as transformers' generate warps them."""
+    warp = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+    warp += [TopKLogitsWarper(top_k)] if top_k else []
+    warp += [TopPLogitsWarper(top_p)] if top_p else []
     probs: dict[tuple[int, ...], float] = {(): 1.0}
     for _ in range(NEW_TOKENS):
         nxt = {}
         for prefix, mass in probs.items():
             ids = torch.cat([PROMPT, torch.tensor(prefix, dtype=torch.long)]).unsqueeze(0)
             with torch.no_grad():
-                p = torch.softmax(target(input_ids=ids).logits[0, -1].double(), dim=-1)
+                logits = target(input_ids=ids).logits[0, -1:].double()
+                p = torch.softmax(warp(ids, logits)[0], dim=-1)
             for token in range(VOCAB):
                 nxt[prefix + (token,)] = mass * float(p[token])
         probs = nxt
@@ -92,27 +101,38 @@ def pooled_chisquare(counts: dict[tuple[int, ...], int], probs: dict[tuple[int, 
 
 
 # The acceptance rules themselves are proven per tree shape in test_accept.py; here the whole loop runs for a
-# dynamic tree (EAGLE-3, siblings drawn without replacement), the same tree with a prompt-lookup branch grafted on
-# (fixed proposals after drawn siblings) and a chain (draft model).
+# dynamic tree (EAGLE-3, siblings drawn without replacement), the same tree with a prompt-lookup
+# branch grafted on (fixed proposals after drawn siblings), a static Medusa tree (top-k proposals, point masses), a
+# chain (draft model), and one of them under temperature, top-k and top-p together.
 @pytest.mark.parametrize(
-    "name", ["eagle3-dynamic", "eagle3-dynamic+lookup", "eagle3-dynamic+lookup-solo", "draft-model-chain"]
+    ("name", "sampling"),
+    [
+        ("eagle3-dynamic", {}),
+        ("eagle3-dynamic+lookup", {}),
+        ("eagle3-dynamic+lookup-solo", {}),
+        ("medusa-tree", {}),
+        ("draft-model-chain", {}),
+        ("eagle3-dynamic+lookup", WARPED),
+    ],
 )
-def test_sampled_sequences_follow_the_target_distribution(peaked_target, name):
-    probs = exact_distribution(peaked_target)
+def test_sampled_sequences_follow_the_target_distribution(peaked_target, name, sampling):
+    probs = exact_distribution(peaked_target, **sampling)
     assert len(probs) == VOCAB**NEW_TOKENS and abs(sum(probs.values()) - 1) < 1e-9
-    assert max(probs.values()) < 0.5 and sum(p * SAMPLES >= 5 for p in probs.values()) >= 15  # a non-trivial law
+    enough = 10 if sampling else 15  # top-k/top-p leave fewer possible sequences
+    assert max(probs.values()) < 0.5 and sum(p * SAMPLES >= 5 for p in probs.values()) >= enough  # non-trivial
     generator = SpeculativeGenerator(peaked_target, TinyTokenizer(), make_drafter(name, peaked_target))
     counts: dict[tuple[int, ...], int] = {}
     attempts = accepts = 0
     for seed in range(SAMPLES):
-        result = generator.generate(PROMPT, max_new_tokens=NEW_TOKENS, temperature=1.0, seed=seed)
+        result = generator.generate(PROMPT, max_new_tokens=NEW_TOKENS, seed=seed, **{"temperature": 1.0, **sampling})
         seq = tuple(result.token_ids)
         assert len(seq) == NEW_TOKENS
+        assert probs[seq] > 0, f"{name}: sampled {seq}, which the warped target never produces"
         counts[seq] = counts.get(seq, 0) + 1
         attempts += sum(result.stats.depth_attempts)
         accepts += sum(result.stats.depth_accepts)
     # both branches of the acceptance walk were exercised often: drafts accepted and drafts rejected
-    assert 0.1 * attempts < accepts < 0.9 * attempts
+    assert accepts >= 100 and attempts - accepts >= 100, (accepts, attempts)
     p_value = pooled_chisquare(counts, probs, SAMPLES)
     assert p_value > 1e-3, f"{name}: sampled sequences do not follow the target distribution (p={p_value:.2e})"
 
