@@ -11,11 +11,13 @@ resumed run must keep the settings its restored optimizer, scheduler and data or
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import safetensors.torch
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
+from filelock import FileLock, Timeout
 from omegaconf import OmegaConf
 
 from specheads.heads.base import WEIGHTS_NAME
@@ -39,6 +42,34 @@ CONFIG_FILE = "train_config.yaml"
 RANK_STATE = "rank_state_{rank}.json"
 WEIGHTS_FILE = "model.safetensors"  # what ``accelerator.save_state`` names the first model's weights
 
+LOCK_NAME = ".specheads-train.lock"
+
+
+@contextlib.contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """One live training run per output folder. The launch's rank 0 holds an OS file lock in it for the whole run;
+    the OS drops it when the process ends, however it ends, so a killed run leaves nothing to clean up. A second run
+    into the same folder (a relaunch while a killed launcher's ranks still train, or two runs given one
+    ``train.output_dir``) stops at once instead of interleaving its checkpoints and head with the other's."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out / LOCK_NAME), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ConfigError(
+            f"{out} is being written by another training run, which holds {out / LOCK_NAME}; wait for it to end or "
+            "stop it (a launcher killed with SIGKILL can leave its ranks running: see `ps`), or choose another "
+            "train.output_dir"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 RESUME_MAY_CHANGE = frozenset(
     {
         "train.max_steps",  # may only grow
@@ -52,6 +83,7 @@ RESUME_MAY_CHANGE = frozenset(
         "train.save_every",
         "train.keep_last",
         "train.progress_bar",
+        "train.dist_timeout_s",
         "train.log_with",
         "train.project",
         "train.run_name",

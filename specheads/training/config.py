@@ -127,6 +127,7 @@ class TrainSection:
     project: str = "specheads"
     run_name: str | None = None
     progress_bar: bool = True
+    dist_timeout_s: int = 1800  # how long ranks wait for a hung rank before the launch fails (torch's default)
 
 
 @dataclass
@@ -219,7 +220,15 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             "lora.enabled trains the target's adapters, which needs online features (features.mode=online)."
         )
-    for name in ("max_steps", "batch_size", "eval_batch_size", "grad_accum", "keep_last", "log_every"):
+    for name in (
+        "max_steps",
+        "batch_size",
+        "eval_batch_size",
+        "grad_accum",
+        "keep_last",
+        "log_every",
+        "dist_timeout_s",
+    ):
         if getattr(cfg.train, name) < 1:
             raise ConfigError(f"train.{name} must be >= 1, found {getattr(cfg.train, name)}.")
     for name in ("ttt_steps", "chain_depth"):

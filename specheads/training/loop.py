@@ -17,6 +17,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from specheads.training.checkpoint import (
     data_digest,
     keep_trainable_state_only,
     load_checkpoint,
+    output_lock,
     read_rank_state,
     read_step,
     resolve_resume,
@@ -319,7 +321,13 @@ def train(
 
     ``target``/``tokenizer`` skip loading ``cfg.target.name`` (tests share one copy). With ``lora.enabled`` the given
     target receives LoRA adapters in place, so pass a copy you do not need unchanged; its train/eval mode is restored.
+    One run at a time writes to an output folder (``checkpoint.output_lock``).
     """
+    with output_lock(Path(cfg.train.output_dir)):
+        return _train(cfg, target, tokenizer)
+
+
+def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None) -> TrainResult:
     tc = cfg.train
     out = Path(tc.output_dir)
     resume_from = resolve_resume(tc.resume, out)  # before any loading: a wrong resume fails in seconds
@@ -344,7 +352,7 @@ def train(
         log_with=log_with,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-        kwargs_handlers=_process_group_kwargs(),
+        kwargs_handlers=_process_group_kwargs(tc.dist_timeout_s),
     )
     _check_world(accelerator)
     keep_trainable_state_only(accelerator)
@@ -535,11 +543,14 @@ def _check_world(accelerator: Accelerator) -> None:
         )
 
 
-def _process_group_kwargs() -> list[InitProcessGroupKwargs]:
-    """Accelerate picks a process-group backend only for accelerator devices; under DeepSpeed on a CPU-only machine it
-    would silently run every rank as a world of one. Name gloo there (DeepSpeed's CPU accelerator talks gloo)."""
-    cpu_only = not torch.cuda.is_available()
-    return [InitProcessGroupKwargs(backend="gloo")] if _launched_with_deepspeed() and cpu_only else []
+def _process_group_kwargs(timeout_s: int) -> list[InitProcessGroupKwargs]:
+    """How long a collective waits for a hung rank (a dead one ends the launch at once), and the backend under
+    DeepSpeed on a CPU-only machine: Accelerate picks one only for accelerator devices, and would silently run every
+    rank as a world of one there. Name gloo (DeepSpeed's CPU accelerator talks gloo)."""
+    timeout = timedelta(seconds=timeout_s)
+    if _launched_with_deepspeed() and not torch.cuda.is_available():
+        return [InitProcessGroupKwargs(backend="gloo", timeout=timeout)]
+    return [InitProcessGroupKwargs(timeout=timeout)]
 
 
 def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:

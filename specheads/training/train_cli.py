@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -47,7 +48,21 @@ def _apply_resume_flag(cfg: TrainConfig, overrides: list[str], resume: bool) -> 
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    # a second SIGTERM (a launcher forwarding the scheduler's) must not cut the unwinding of the first short
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(128 + signum)
+
+
+def _exit_with_launcher() -> None:
+    """Under ``accelerate launch``/torchrun each rank runs in its own session, so a SIGKILLed launcher would leave
+    the ranks training on unseen, writing into the output folder of a relaunch. Ask Linux to SIGTERM this process
+    when its launcher dies."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -67,6 +82,7 @@ def train_main(argv: list[str] | None = None) -> int:
     # A scheduler's preemption or `kill` sends SIGTERM, which ends Python without unwinding: trackers would lose what
     # they had not flushed (a wandb run file was left with its header only). As SystemExit, exit handlers run.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    _exit_with_launcher()
     try:
         result = train(cfg)
     except (ConfigError, DataError, UnsupportedTargetError, TargetLoadError) as err:  # what to fix, without a traceback
