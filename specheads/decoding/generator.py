@@ -158,10 +158,7 @@ class SpeculativeGenerator:
         """The drafter's modules must sit on the target's device, and a head that reads the target's hidden states
         must share its dtype: a model or head moved after loading would otherwise fail deep inside a forward."""
         weight = self.target.get_input_embeddings().weight
-        for name in ("model", "head", "heads"):
-            module = getattr(self.drafter, name, None)
-            if not isinstance(module, torch.nn.Module):
-                continue
+        for name, module in self.drafter_modules():
             for param in module.parameters():
                 wrong_dtype = name != "model" and param.is_floating_point() and param.dtype != weight.dtype
                 if param.device != weight.device or wrong_dtype:
@@ -170,6 +167,11 @@ class SpeculativeGenerator:
                         f"in {weight.dtype}; move it to match (e.g. drafter.{name}.to(target.device, "
                         "target.dtype)), or load the head after moving the target: load_head places it there"
                     )
+
+    def drafter_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        """The drafter's modules by attribute: a draft ``model``, an EAGLE ``head``, Medusa ``heads``."""
+        found = [(name, getattr(self.drafter, name, None)) for name in ("model", "head", "heads")]
+        return [(name, module) for name, module in found if isinstance(module, torch.nn.Module)]
 
     def eos_ids(self) -> set[int]:
         """The target's EOS ids as its generation config says now (else the tokenizer's), as ``generate`` reads them."""
@@ -208,10 +210,8 @@ class SpeculativeGenerator:
         self.check_drafter_placement()
         with contextlib.ExitStack() as stack:
             if self.cpu_small_batch_linear:
-                drafter_modules = [getattr(self.drafter, name, None) for name in ("model", "head", "heads")]
-                for module in [self.target, *drafter_modules]:
-                    if isinstance(module, torch.nn.Module):
-                        stack.enter_context(small_batch_linear(module))
+                for module in [self.target, *(module for _, module in self.drafter_modules())]:
+                    stack.enter_context(small_batch_linear(module))
             return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, stop, seed, stream)
 
     @torch.inference_mode()
