@@ -88,6 +88,24 @@ def test_local_directory_round_trip(smollm2, tmp_path):
     assert tokenizer.pad_token_id is not None
 
 
+@pytest.mark.slow
+def test_a_head_loads_silently_onto_its_target_loaded_by_path(smollm2, tmp_path):
+    """The built-in target loaded from its cache folder by path is the same model under another name: a head trained
+    on it loads without a "trained for another target" warning (the weight probe matches), and in bf16 too."""
+    import warnings
+
+    from specheads.heads import EagleConfig, EagleDrafter, load_head
+
+    model, _ = smollm2
+    EagleDrafter(EagleConfig(version=1), model).save_pretrained(tmp_path / "head")
+    for dtype in (torch.float32, torch.bfloat16):
+        by_path, _ = load_target(builtin_cache_dir(SMOLLM2), dtype=dtype)
+        assert by_path.config.name_or_path != SMOLLM2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load_head(tmp_path / "head", by_path)
+
+
 def test_missing_gguf_file(tmp_path):
     with pytest.raises(TargetLoadError, match="GGUF file not found"):
         load_target(tmp_path / "nope.gguf")

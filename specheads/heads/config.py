@@ -23,9 +23,17 @@ class HeadLoadError(RuntimeError):
     """A saved head could not be loaded strictly."""
 
 
+PROBE_TENSORS = 8
+PROBE_ENTRIES = 8
+PROBE_TOLERANCE = 5e-3
+"""Weight probes of two targets agree when no probed tensor moved by more than this (relative L2): 16-bit rounding
+of the same weights moves one by ~0.1% (bf16's RMS relative error), another model or a fine-tune by far more."""
+
+
 @dataclass
 class TargetRecord:
-    """The frozen target a head was built for. Loading a head onto a target with other shapes is an error."""
+    """The frozen target a head was built for. Loading a head onto a target with other shapes is an error; onto one
+    with the same shapes but other weights (``weight_probe``), a warning."""
 
     name_or_path: str = ""
     revision: str | None = None
@@ -33,6 +41,7 @@ class TargetRecord:
     hidden_size: int = 0
     vocab_size: int = 0
     num_hidden_layers: int = 0
+    weight_probe: list[float] = field(default_factory=list)
 
     @classmethod
     def from_model(cls, model: PreTrainedModel, revision: str | None = None) -> TargetRecord:
@@ -44,6 +53,7 @@ class TargetRecord:
             hidden_size=int(config.hidden_size),
             vocab_size=int(config.vocab_size),
             num_hidden_layers=int(config.num_hidden_layers),
+            weight_probe=weight_probe(model),
         )
 
     def shape_mismatches(self, other: TargetRecord) -> list[str]:
@@ -53,6 +63,57 @@ class TargetRecord:
             for name in ("hidden_size", "vocab_size", "num_hidden_layers")
             if getattr(self, name) != getattr(other, name)
         ]
+
+    def weight_distance(self, other: TargetRecord) -> float | None:
+        """How far the two targets' weight probes are apart: the largest relative L2 distance over the probed
+        tensors (one changed tensor counts in full). None when either record has no probe (written before probes
+        existed, or the weights could not be read) or the probes were taken differently."""
+        if not self.weight_probe or len(self.weight_probe) != len(other.weight_probe):
+            return None
+        mine = torch.tensor(self.weight_probe).view(-1, PROBE_ENTRIES)
+        theirs = torch.tensor(other.weight_probe).view(-1, PROBE_ENTRIES)
+        return float(((mine - theirs).norm(dim=1) / mine.norm(dim=1).clamp_min(1e-12)).max())
+
+    def other_weights(self, actual: TargetRecord) -> str | None:
+        """Why ``actual`` (same shapes) may not be the target this record was made from, or None when it is.
+
+        The weight probes decide when both records have one: a renamed copy (or a built-in target loaded from its
+        cache folder by path) passes, the same name over other weights (a fine-tune, the base model) does not.
+        Records made before probes existed fall back to comparing names."""
+        distance = self.weight_distance(actual)
+        if distance is not None:
+            if distance <= PROBE_TOLERANCE:
+                return None
+            return (
+                f"{self.name_or_path!r}, and {actual.name_or_path!r} has other weights (sampled weights differ by "
+                f"{distance:.1%}, relative)"
+            )
+        if self.name_or_path and actual.name_or_path and self.name_or_path != actual.name_or_path:
+            return f"{self.name_or_path!r}, not {actual.name_or_path!r}"
+        return None
+
+
+def weight_probe(model: torch.nn.Module) -> list[float]:
+    """A few fixed entries of a few of the model's weights, spread from the embeddings to the last layers: enough to
+    tell one set of weights from another of the same shapes, in any dtype or device. Empty when the weights cannot
+    be read here (quantized, on the meta device, or partitioned by DeepSpeed ZeRO-3) or the model is too small.
+    LoRA adapter tensors (peft) are left out, so an adapted target probes as its base."""
+    params = [
+        param
+        for name, param in model.named_parameters()
+        if "lora_" not in name and param.is_floating_point() and param.numel() >= PROBE_ENTRIES
+    ]
+    if len(params) < PROBE_TENSORS or any(p.device.type == "meta" or hasattr(p, "ds_numel") for p in params):
+        return []
+    picks = [params[i * (len(params) - 1) // (PROBE_TENSORS - 1)] for i in range(PROBE_TENSORS)]
+    values = []
+    with torch.no_grad():
+        for param in picks:
+            flat = param.detach().reshape(-1)
+            # a fixed stride through the tensor that is coprime to typical row lengths, so entries fall in many rows
+            index = torch.arange(PROBE_ENTRIES, device=flat.device) * 1_000_003 % flat.numel()
+            values.extend(flat[index].float().cpu().tolist())
+    return values
 
 
 @dataclass

@@ -129,10 +129,11 @@ def _check_target(record: TargetRecord, actual: TargetRecord) -> None:
             f"head was built for target {record.name_or_path!r}, which differs from the given target "
             f"{actual.name_or_path!r}: " + "; ".join(mismatches)
         )
-    if record.name_or_path and actual.name_or_path and record.name_or_path != actual.name_or_path:
+    other = record.other_weights(actual)
+    if other:
         warnings.warn(
-            f"head was trained for target {record.name_or_path!r} but is loaded onto {actual.name_or_path!r}; the "
-            "shapes match, so it loads, but acceptance may be poor",
+            f"head was trained for target {other}; the shapes match, so it loads, but acceptance may be poor (the "
+            "output stays lossless: the target verifies every token)",
             stacklevel=3,
         )
 

@@ -27,8 +27,8 @@ DATA_RECORDED = ("paths", "format", "max_length", "max_samples", "eval_fraction"
 
 def check_cache_target(dataset: CachedFeatureDataset | ConcatFeatureCache, target: PreTrainedModel) -> None:
     """A cache's features must come from the target being trained: other shapes (layer count, hidden size,
-    vocabulary) are an error; the same shapes under another name or model type are a warning (a renamed copy, or
-    another model of the same size)."""
+    vocabulary) are an error; the same shapes with other weights are a warning (a fine-tune, or another model of the
+    same size), and a renamed copy of the same weights passes."""
     cached, current = TargetRecord(**dataset.meta["target"]), TargetRecord.from_model(target)
     shapes = ("num_hidden_layers", "hidden_size", "vocab_size")
     differ = [
@@ -43,15 +43,13 @@ def check_cache_target(dataset: CachedFeatureDataset | ConcatFeatureCache, targe
             f"trained. Re-run `specheads data cache-features --target {current.name_or_path}`, or set target.name to "
             "the cache's target."
         )
-    if (cached.name_or_path, cached.model_type) != (current.name_or_path, current.model_type):
+    other = cached.other_weights(current)
+    if other:
         logger.warning(
-            "feature cache %s was written by target %r (%s) and the training target is %r (%s): the shapes agree, so "
-            "training goes on; make sure both are the same model",
+            "feature cache %s was written by target %s; the shapes agree, so training goes on, but the features may "
+            "not be this target's: re-run `specheads data cache-features` with the training target",
             dataset.out_dir,
-            cached.name_or_path,
-            cached.model_type,
-            current.name_or_path,
-            current.model_type,
+            other,
         )
 
 

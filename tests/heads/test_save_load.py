@@ -165,11 +165,51 @@ def test_other_hidden_size_is_an_error(saved_medusa):
         load_head(saved_medusa, make_tiny_llama())
 
 
-def test_other_target_name_with_same_shapes_warns(saved_medusa):
+def test_other_weights_with_same_shapes_warn_whatever_the_name(saved_medusa):
+    """A same-shape target with other weights (another seed here; a fine-tune or the base model in practice) warns,
+    under the head's own target name too: the weight probe tells them apart, not the name."""
     other = make_tiny_llama(seed=3)
-    other.config.name_or_path = "another-tiny-llama"
-    with pytest.warns(UserWarning, match="another-tiny-llama"):
+    with pytest.warns(UserWarning, match=r"'tiny-random-llama', and 'tiny-random-llama' has other weights"):
         load_head(saved_medusa, other)
+    other.config.name_or_path = "another-tiny-llama"
+    with pytest.warns(UserWarning, match=r"'another-tiny-llama' has other weights \(sampled weights differ by"):
+        load_head(saved_medusa, other)
+
+
+def test_same_weights_load_silently_under_another_name_or_dtype(saved_medusa):
+    """A renamed copy (a local folder of the model the head was trained on) and a 16-bit copy are the same target."""
+    import warnings
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        same = make_tiny_llama().to(dtype)
+        same.config.name_or_path = "/some/local/copy"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            load_head(saved_medusa, same)
+
+
+def test_a_record_without_a_weight_probe_compares_names(saved_medusa):
+    """Heads saved before weight probes existed: the name decides, as it did then."""
+    _edit_config(saved_medusa, lambda m: m["config"]["target"].pop("weight_probe"))
+    renamed = make_tiny_llama()
+    renamed.config.name_or_path = "another-tiny-llama"
+    with pytest.warns(UserWarning, match=r"target 'tiny-random-llama', not 'another-tiny-llama'"):
+        load_head(saved_medusa, renamed)
+
+
+def test_weight_probe_reads_every_dtype_and_skips_what_it_cannot_read():
+    from specheads.heads.config import PROBE_TOLERANCE, TargetRecord, weight_probe
+
+    model = make_tiny_llama()
+    probe = weight_probe(model)
+    assert len(probe) == 64 and len(set(probe)) > 32
+    record = TargetRecord.from_model(model)
+    assert record.weight_probe == probe
+    assert record.weight_distance(TargetRecord.from_model(make_tiny_llama().to(torch.bfloat16))) < PROBE_TOLERANCE
+    assert record.weight_distance(TargetRecord.from_model(make_tiny_llama(seed=1))) > 0.5
+    with torch.device("meta"):
+        assert weight_probe(make_tiny_llama()) == []
+    assert TargetRecord(name_or_path="a").weight_distance(record) is None
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "bad-json", "no-weights"])

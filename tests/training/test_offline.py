@@ -119,7 +119,8 @@ def test_a_cache_of_another_target_is_refused(
     tiny_target_dir, tiny_two_layer_target_dir, small_chat_file, four_layer_cache, tmp_path, caplog
 ):
     """Cached features must come from the training target: other shapes are an error (index 2 of a 4-layer target
-    is not the 2-layer target's last hidden state); the same shapes under another name are a warning."""
+    is not the 2-layer target's last hidden state); the same shapes with other weights are a warning, and a renamed
+    copy of the same weights passes silently."""
     two_layers = _offline_medusa(tiny_two_layer_target_dir, small_chat_file, tmp_path / "a", four_layer_cache)
     with pytest.raises(ValueError, match=r"written by target .*\(num_hidden_layers 4 vs 2\).*cache-features --target"):
         train(two_layers)
@@ -130,8 +131,19 @@ def test_a_cache_of_another_target_is_refused(
         assert train(
             _offline_medusa(tiny_target_dir, small_chat_file, tmp_path / "b", four_layer_cache), renamed, tokenizer
         ).finished
+    assert "written by target" not in caplog.text
+
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a fine-tune, say: every weight moved by ~2%
+        for param in renamed.parameters():
+            param.mul_(1 + 0.02 * torch.randn(param.shape, generator=generator))
+    with caplog.at_level(logging.WARNING, logger="specheads.training.feature_cache"):
+        assert train(
+            _offline_medusa(tiny_target_dir, small_chat_file, tmp_path / "c", four_layer_cache), renamed, tokenizer
+        ).finished
     assert re.search(
-        r"written by target '.*tiny-target.*' \(llama\) and the training target is 'a-renamed-copy'", caplog.text
+        r"written by target '.*tiny-target.*', and 'a-renamed-copy' has other weights \(sampled weights differ by",
+        caplog.text,
     )
 
 
