@@ -156,8 +156,9 @@ def accept_typical(
     A drafted token x is typical at its parent if p(x) > min(posterior_threshold, posterior_alpha * exp(-H(p))),
     with p the target's distribution at `temperature` (then `top_k` / `top_p`, as sampling warps it) and H its
     entropy: a confident target accepts only its favourites, a flat one accepts more. The longest all-typical path
-    wins (the first drafted on ties), then the next token is sampled from the target after it. It accepts more than
-    speculative sampling but does NOT reproduce the target's distribution (it is in `LOSSY_ACCEPTANCE`).
+    wins (on ties, the one the target finds likeliest: the highest sum of log p, as in Medusa), then the next token
+    is sampled from the target after it. It accepts more than speculative sampling but does NOT reproduce the
+    target's distribution (it is in `LOSSY_ACCEPTANCE`).
     Temperature 0 makes every p one-hot, so the rule becomes exactly greedy acceptance, which is what runs.
     """
     if temperature < 0:
@@ -170,7 +171,7 @@ def accept_typical(
     threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)  # (n,)
     candidate_probs = probs[parents[1:], tokens[1:]]  # (n - 1,)
     typical = candidate_probs > threshold[parents[1:]]  # (n - 1,)
-    path = _longest_path(parent_list, [True, *typical.tolist()])
+    path = _longest_path(parent_list, [True, *typical.tolist()], [0.0, *candidate_probs.log().tolist()])
     return AcceptResult(path=path, next_token=sample_from_probs(probs[path[-1]], generator))
 
 
@@ -188,12 +189,15 @@ def _check_tree(tokens: Tensor, parents: Tensor, scores: Tensor) -> list[int]:
     return parent_list
 
 
-def _longest_path(parent_list: list[int], node_ok: list[bool]) -> list[int]:
-    """The deepest node whose whole root path is ok (the lowest index among equally deep ones), as a path."""
+def _longest_path(parent_list: list[int], node_ok: list[bool], log_probs: list[float] | None = None) -> list[int]:
+    """The deepest node whose whole root path is ok, as a path. Among equally deep ones the highest sum of
+    ``log_probs`` along the path wins (Medusa's rule for typical acceptance), then the lowest index."""
     depth = [0] * len(parent_list)  # -1 marks a node cut off from the root
+    score = [0.0] * len(parent_list)
     for node, parent in enumerate(parent_list[1:], 1):
         depth[node] = depth[parent] + 1 if node_ok[node] and depth[parent] >= 0 else -1
-    node = max(range(len(depth)), key=lambda i: (depth[i], -i))
+        score[node] = score[parent] + (log_probs[node] if log_probs is not None else 0.0)
+    node = max(range(len(depth)), key=lambda i: (depth[i], score[i], -i))
     path = [node]
     while node != 0:
         node = parent_list[node]

@@ -31,6 +31,7 @@ from specheads.decoding.drafters import (
     with_lookup_branch,
 )
 from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
+from specheads.heads.load import ADAPTER_MARK
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -134,6 +135,12 @@ def generate_main(argv: list[str] | None = None) -> int:
 
         head_dir = resolve_head_folder(args.head)  # a Hub id is fetched once; everything below reads this folder
         target = load_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
+        if getattr(target, ADAPTER_MARK, None):
+            _stderr(
+                f"note: {args.head} is a Medusa-2 head, trained with a LoRA adapter on the target: decoding runs "
+                f"{args.target} with that adapter applied, so the output is exactly the adapted model's (distilled "
+                f"to stay close to {args.target}'s own, not equal to it)"
+            )
         head = load_head(head_dir, target)
         if args.tree == "auto":
             spec = auto_tree_drafter(
@@ -185,6 +192,8 @@ def generate_main(argv: list[str] | None = None) -> int:
         return 2
     print()
     where = f"{target.device} {str(next(target.parameters()).dtype).removeprefix('torch.')}"
+    if getattr(target, ADAPTER_MARK, None):
+        where += ", target + LoRA adapter"
     print(f"[{describe(spec, args)}; {where}] {result.stats.summary()}", file=sys.stderr)
     return 0
 

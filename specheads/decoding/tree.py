@@ -199,7 +199,8 @@ def load_tree(path: str | Path) -> StaticTree:
 @dataclass(frozen=True)
 class DynamicTreeConfig:
     """EAGLE-2 dynamic tree: expand the ``top_k`` best nodes of each depth with ``top_k`` children each, for
-    ``depth`` levels, then keep the ``total_tokens`` best nodes (root excluded) by cumulative draft log-prob."""
+    ``depth`` levels, then keep the ``total_tokens`` best nodes (root excluded) by cumulative draft log-prob.
+    ``depth`` counts drafted levels; the EAGLE reference's ``depth=d`` drafts d+1."""
 
     depth: int = 5
     top_k: int = 8

@@ -64,7 +64,10 @@ def load_head(
     meta = _checked_head_config(raw, folder / CONFIG_NAME)
     head_cls = HEADS[meta["head_type"]]
     config = head_cls.config_class.from_dict(meta["config"])
-    _check_target(config.target, TargetRecord.from_model(target))
+    actual = TargetRecord.from_model(target)
+    if getattr(target, ADAPTER_MARK, None) == str(adapter.resolve()):
+        actual.weight_probe = []  # its own Medusa-2 adapter, merged: other weights by design; names decide
+    _check_target(config.target, actual)
     builder = getattr(head_cls, "for_loading", head_cls)
     head = builder(config, target)
     if trainable:

@@ -96,6 +96,7 @@ class LoraSection:
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
     distill_weight: float = 1.0  # weight of KL(original target || adapted target)
     lr: float = 1e-4  # the adapters learn slower than the heads, so the target's own predictions barely move
+    heads_warmup_steps: int = 0  # train the heads alone this many steps first (adapters at lr 0), as Medusa-2 does
 
 
 @dataclass
@@ -219,6 +220,13 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lora.enabled and cfg.features.mode == "offline":
         raise ConfigError(
             "lora.enabled trains the target's adapters, which needs online features (features.mode=online)."
+        )
+    if cfg.lora.heads_warmup_steps < 0:
+        raise ConfigError(f"lora.heads_warmup_steps must be >= 0, found {cfg.lora.heads_warmup_steps}.")
+    if cfg.lora.enabled and cfg.lora.heads_warmup_steps >= cfg.train.max_steps:
+        raise ConfigError(
+            f"lora.heads_warmup_steps={cfg.lora.heads_warmup_steps} is not below train.max_steps="
+            f"{cfg.train.max_steps}: the adapters would never train. Lower it, or train Medusa-1 (lora.enabled=false)."
         )
     for name in (
         "max_steps",

@@ -64,7 +64,7 @@ from specheads.training.feature_cache import (
 )
 from specheads.training.features import extract_features
 from specheads.training.losses import Stats, add_stats, chain_tau, ratios
-from specheads.training.objective import build_objective, parameter_groups
+from specheads.training.objective import build_objective, hold_adapters, parameter_groups
 from specheads.training.tracking import flatten, tracker_setup
 
 logger = logging.getLogger(__name__)
@@ -393,6 +393,8 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     scheduler = get_scheduler(
         tc.scheduler, optimizer, num_warmup_steps=tc.warmup_steps * n, num_training_steps=tc.max_steps * n
     )
+    if len(groups) > 1 and cfg.lora.heads_warmup_steps:
+        scheduler = hold_adapters(scheduler, cfg.lora.heads_warmup_steps * n, tc.warmup_steps * n)
     if accelerator.state.deepspeed_plugin is not None:
         sync_deepspeed_clipping(accelerator.state.deepspeed_plugin.deepspeed_config, tc.max_grad_norm)
     objective, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
@@ -456,6 +458,8 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
             if step % tc.log_every == 0 or step == tc.max_steps:
                 logged = {f"train/{k}": v for k, v in _reduce_stats(accelerator, window).items()}
                 logged["train/lr"] = scheduler.get_last_lr()[0]
+                if len(groups) > 1:
+                    logged["train/lr_lora"] = scheduler.get_last_lr()[1]
                 logged["train/target_tokens_per_s"] = throughput.window_rate()
                 accelerator.log(_with_tau(logged, "train/"), step=step)
                 bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **_bar_fields(metrics))

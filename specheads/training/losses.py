@@ -2,7 +2,10 @@
 
 Conventions (see ``docs/design.md``): the target's distribution at position s predicts token s+1; Medusa head k
 (1-based) at position t predicts token t+k+1; an EAGLE drafter at position t reads the feature of t and token t+1 and
-predicts token t+2. ``loss_mask[s] = 1`` marks assistant tokens, the only ones whose prediction is trained.
+predicts token t+2. ``loss_mask[s] = 1`` marks assistant tokens. Medusa heads and draft models train the rows that
+predict an assistant token; EAGLE rows are kept by the mask of the token they read (t+1), as in the EAGLE reference:
+the row predicting the first assistant token from the prompt is skipped (decoding never drafts it, the target's
+prefill makes it), and the row after the last one learns the target's own next-token distribution there.
 
 Statistics are returned as ``Stats``: name -> ``tensor([numerator, denominator])``, so batches and ranks add up
 exactly and ratios are taken once, at a loop boundary (``ratios``).

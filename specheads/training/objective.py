@@ -11,10 +11,13 @@ that add noise seed it from ``draw``, so noise does not depend on the global RNG
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel
 
 from specheads.heads import DraftModel, EagleDrafter, MedusaHeads, padding_causal_mask
@@ -220,6 +223,22 @@ def parameter_groups(objective: nn.Module, lr: float, lora_lr: float) -> list[di
     if adapted is not None:
         groups.append({"params": [p for p in adapted.parameters() if p.requires_grad], "lr": lora_lr})
     return groups
+
+
+def hold_adapters(scheduler: LambdaLR, hold: int, ramp: int) -> LambdaLR:
+    """Medusa-2's recipe: the heads train alone for ``hold`` scheduler steps (the adapters' learning rate is 0, so the
+    target is exactly the original), then the adapters join, warming up over ``ramp`` steps. Heads start from
+    scratch, and their early loss would otherwise flow into the target's adapters (Cai et al. 2024, section 2.2.2).
+    ``scheduler`` drives [head group, adapter group]; the head group's schedule is unchanged."""
+    head_lambda, adapter_lambda = scheduler.lr_lambdas
+    held = partial(_held_back, base=adapter_lambda, hold=hold, ramp=max(1, ramp))
+    return LambdaLR(scheduler.optimizer, [head_lambda, held])
+
+
+def _held_back(step: int, base: Callable[[int], float], hold: int, ramp: int) -> float:
+    if step < hold:
+        return 0.0
+    return base(step) * min(1.0, (step - hold + 1) / ramp)
 
 
 def build_objective(

@@ -369,6 +369,16 @@ def test_typical_accepts_above_threshold_and_rejects_below() -> None:
     assert rejected.next_token in {0, 1, 2}
 
 
+def test_typical_ties_go_to_the_path_the_target_finds_likeliest() -> None:
+    """Two typical root children of the same depth: Medusa keeps the one with the higher sum of log p (0.6 over 0.3),
+    whichever was drafted first."""
+    row = torch.tensor([0.3, 0.6, 0.1] + [0.0] * 5)
+    logits = torch.stack([row, row, row]).log()
+    parents = torch.tensor([-1, 0, 0])
+    assert accept_typical(torch.tensor([5, 0, 1]), parents, logits, temperature=1.0).path == [0, 2]
+    assert accept_typical(torch.tensor([5, 1, 0]), parents, logits, temperature=1.0).path == [0, 1]
+
+
 def test_typical_at_temperature_zero_is_greedy() -> None:
     tokens, parents = torch.tensor([7, 5, 5, 1, 1, 6]), torch.tensor([-1, 0, 0, 1, 2, 4])
     logits = _rigged_logits([5, 1, 1, 9, 6, 2])

@@ -53,6 +53,27 @@ def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
     assert "solo_ngram must lie in [min_ngram, max_ngram] = [2, 3], got 1" in capsys.readouterr().err
 
 
+def test_generate_with_a_medusa2_head_says_it_decodes_the_adapted_target(smollm2, tmp_path, capsys):
+    """A Medusa-2 head's LoRA adapter is applied to the target before decoding: the output is exact for the adapted
+    model, not for the --target named, and the CLI says so (once up front, and in the stats line)."""
+    from peft import LoraConfig, get_peft_model
+
+    from specheads.target import load_target
+
+    model, _ = smollm2
+    MedusaHeads(MedusaConfig(num_heads=2, share_lm_head=True), model).save_pretrained(tmp_path / "medusa2")
+    private, _ = load_target("smollm2-135m-instruct")  # peft injects into the model it wraps: not the fixture's
+    get_peft_model(private, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).save_pretrained(
+        tmp_path / "medusa2" / "lora"
+    )
+    argv = ["--prompt", "Name a colour.", "--max-new-tokens", "4", "--head", str(tmp_path / "medusa2")]
+    assert generate_main([*argv, "--tree", "chain:2"]) == 0
+    err = capsys.readouterr().err
+    assert "is a Medusa-2 head, trained with a LoRA adapter on the target: decoding runs smollm2-135m-instruct" in err
+    assert "cpu float32, target + LoRA adapter]" in err
+    assert "trained for target" not in err  # its own adapter: no "other weights" warning
+
+
 def test_generate_in_bfloat16_with_a_medusa_head_and_clear_device_errors(smollm2, tmp_path, capsys):
     """--dtype/--device load the target as asked (the default, auto, is bf16 on a GPU); a head saved from the fp32
     target loads onto the bf16 one and decodes."""

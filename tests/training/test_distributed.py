@@ -171,7 +171,8 @@ def test_medusa2_under_deepspeed_checkpoints_without_the_frozen_target_and_resum
     uninterrupted run does."""
     settings = dict(max_steps=4, batch_size=2, eval_every=0, save_every=2, keep_last=2)
     whole_dir = tmp_path / "whole" / "run"
-    overrides = tiny_overrides(tiny_target_dir, small_chat_file, whole_dir, **settings) + ["train.max_grad_norm=0.5"]
+    extra = ["train.max_grad_norm=0.5", "lora.heads_warmup_steps=3"]  # the adapters join after the resume
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, whole_dir, **settings) + extra
     whole = _launch("deepspeed-zero2.yaml", "medusa2", tmp_path / "whole", overrides)
     states = torch.load(
         whole_dir / "checkpoints" / "step-00000002" / "pytorch_model" / "mp_rank_00_model_states.pt", weights_only=True
@@ -183,7 +184,7 @@ def test_medusa2_under_deepspeed_checkpoints_without_the_frozen_target_and_resum
     checkpoint = whole_dir / "checkpoints" / "step-00000002"
     resumed_dir = tmp_path / "resumed" / "run"
     overrides = tiny_overrides(tiny_target_dir, small_chat_file, resumed_dir, **settings)
-    overrides += ["train.max_grad_norm=0.5", f"train.resume={checkpoint}"]
+    overrides += [*extra, f"train.resume={checkpoint}"]
     resumed = _launch("deepspeed-zero2.yaml", "medusa2", tmp_path / "resumed", overrides)
     assert resumed[0]["step"] == whole[0]["step"] == 4
     assert resumed[0]["checksum"] == pytest.approx(whole[0]["checksum"], rel=1e-9, abs=1e-9)

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.slow
 
 CASES = {  # (overrides, steps)
     "medusa": (["head.options.num_heads=2", "train.lr=5e-3"], 10),
-    "medusa2": (["head.options.num_heads=2", "train.lr=5e-3", "lora.r=4", "lora.lr=1e-4"], 6),
+    "medusa2": (
+        ["head.options.num_heads=2", "train.lr=5e-3", "lora.r=4", "lora.lr=1e-4", "lora.heads_warmup_steps=2"],
+        6,
+    ),
     "eagle1": (["train.lr=1e-3", "loss.input_noise=0.0"], 10),
     "eagle3": (["head.options.draft_vocab_size=4096", "loss.ttt_steps=2", "train.lr=3e-3"], 10),
     # The untrained draft model is the target's first 2 layers with its final norm and lm_head (weights copied).

@@ -16,10 +16,11 @@ from specheads.training.loop import train
 MEDUSA2 = REPO / "configs" / "medusa2" / "smollm2-135m.yaml"
 
 
-def _run(target_dir, chats, out, **train_kw):
+def _run(target_dir, chats, out, heads_warmup=1, **train_kw):
     """A Medusa-2 run on a fresh copy of the tiny target (LoRA adapters are injected into it in place)."""
     target, tokenizer = load_target(target_dir)
-    overrides = tiny_overrides(target_dir, chats, out, batch_size=2, **train_kw) + ["data.max_samples=16", "lora.r=4"]
+    overrides = tiny_overrides(target_dir, chats, out, batch_size=2, **train_kw)
+    overrides += ["data.max_samples=16", "lora.r=4", f"lora.heads_warmup_steps={heads_warmup}"]
     return train(load_config(MEDUSA2, overrides), target, tokenizer)
 
 
@@ -35,13 +36,15 @@ def test_medusa2_trains_only_the_adapters_in_train_mode(tiny_target_dir, small_c
 
     target.model.register_forward_pre_hook(record)
     overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path, max_steps=2, batch_size=2, eval_every=1)
-    train(load_config(MEDUSA2, overrides + ["data.max_samples=16", "lora.r=4"]), target, tokenizer)
+    overrides += ["data.max_samples=16", "lora.r=4", "lora.heads_warmup_steps=1"]
+    train(load_config(MEDUSA2, overrides), target, tokenizer)
     assert seen and not any(base for base, _ in seen), seen
     assert {lora for _, lora in seen} == {True, False}  # the adapters train, and are evaluated in eval mode
     assert not any(module.training for module in target.modules())
 
 
 def test_medusa2_checkpoints_leave_the_frozen_target_out_and_resume_exactly(tiny_target_dir, small_chat_file, tmp_path):
+    """Resumed after step 1 of 2, with the adapters held for step 1: the held schedule resumes too."""
     assert _run(tiny_target_dir, small_chat_file, tmp_path / "full", max_steps=2).finished
     stopped = _run(tiny_target_dir, small_chat_file, tmp_path / "part", max_steps=2, save_every=1, stop_after=1)
     assert not stopped.finished
@@ -80,3 +83,28 @@ def test_lora_modules_the_target_lacks_are_a_config_error_naming_its_linear_laye
     with pytest.raises(ConfigError, match="its Linear layers are named .*'qkv_proj'"):
         build_objective(head, target, LossSection(), lora, seed=0)
     build_objective(head, target, LossSection(), LoraSection(enabled=True, target_modules=["qkv_proj"]), seed=0)
+
+
+def test_heads_train_alone_first_then_the_adapters_join(tiny_target_dir, small_chat_file, tmp_path):
+    """Medusa-2's recipe: for lora.heads_warmup_steps the target's adapters stay exactly as initialised (LoRA B = 0,
+    so the target is the original) while the heads learn; afterwards both train."""
+    _run(tiny_target_dir, small_chat_file, tmp_path, heads_warmup=2, max_steps=3, save_every=1, keep_last=5)
+
+    def tensors(step):
+        return safetensors.torch.load_file(str(tmp_path / "checkpoints" / f"step-{step:08d}" / "model.safetensors"))
+
+    held, joined = tensors(2), tensors(3)
+    lora_b = [name for name in held if ".lora_B." in name]
+    assert lora_b and all(torch.count_nonzero(held[name]) == 0 for name in lora_b)
+    assert any(torch.count_nonzero(joined[name]) > 0 for name in lora_b)
+    first = tensors(1)
+    assert any(not torch.equal(first[name], held[name]) for name in held if name.startswith("head."))
+
+
+def test_heads_warmup_must_leave_steps_for_the_adapters():
+    import pytest
+
+    from specheads.training.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"lora.heads_warmup_steps=5 is not below train.max_steps=5: the adapters"):
+        load_config(MEDUSA2, ["train.max_steps=5", "lora.heads_warmup_steps=5"])
