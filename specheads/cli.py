@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -35,8 +36,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     args = parser.parse_args(argv[:1])
     module_name, function_name, _ = SUBCOMMANDS[args.command]
-    entry = getattr(importlib.import_module(module_name), function_name)
-    return int(entry(argv[1:]) or 0)
+    try:
+        entry = getattr(importlib.import_module(module_name), function_name)
+        return int(entry(argv[1:]) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: what was printed stays, without a traceback under it
+        print(f"\nspecheads {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail again
+        return 141
 
 
 if __name__ == "__main__":

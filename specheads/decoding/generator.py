@@ -32,7 +32,11 @@ from specheads.decoding.backoff import DraftBackoff
 from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
 from specheads.decoding.kv_cache import commit_path
-from specheads.decoding.sampling import sample_from_probs, warn_unapplied_generation_settings
+from specheads.decoding.sampling import (
+    generation_settings_to_flag,
+    sample_from_probs,
+    warn_unapplied_generation_settings,
+)
 from specheads.decoding.tree import ancestor_matrix
 from specheads.decoding.verify import select_rows, verify_tree
 from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
@@ -152,7 +156,8 @@ class SpeculativeGenerator:
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
         self.window = sliding_window(DynamicCache(config=target.config))  # 0: every layer sees the whole prefix
-        warn_unapplied_generation_settings(target)
+        self.flagged_settings = generation_settings_to_flag(target)  # warned about now, and again if they change
+        warn_unapplied_generation_settings(self.flagged_settings)
 
     def check_drafter_placement(self) -> None:
         """The drafter's modules must sit on the target's device, and a head that reads the target's hidden states
@@ -208,6 +213,10 @@ class SpeculativeGenerator:
         Runs under ``small_batch_linear`` on the target (and a module drafter) when ``cpu_small_batch_linear``.
         """
         self.check_drafter_placement()
+        settings = generation_settings_to_flag(self.target)
+        if settings != self.flagged_settings:  # the config changed since: as EOS, it is read on every call
+            self.flagged_settings = settings
+            warn_unapplied_generation_settings(settings)
         with contextlib.ExitStack() as stack:
             if self.cpu_small_batch_linear:
                 for module in [self.target, *(module for _, module in self.drafter_modules())]:
@@ -268,8 +277,9 @@ class SpeculativeGenerator:
             # of the deepest node; the root is depth 0 (a static tree knows it without a device sync)
             depth = tree.structure.max_depth if tree.structure is not None else int(ancestors.sum(dim=1).max()) - 1
             deep = self.max_context and prefix_len + depth >= self.max_context
-            if deep or (self.window and prefix_len + tree.num_nodes > self.window):
-                # near the end of the context (or of a sliding window, which must hold every node): the root alone
+            if deep or (self.window and prefix_len + tree.num_nodes >= self.window):
+                # near the end of the context, or of a sliding window: it must hold every node, and once full
+                # transformers keeps only its last W-1 keys, which cannot be cropped back to the path; the root alone
                 tree = root_only_tree(req.root, device)
                 ancestors, depth = _ancestors(tree), 0
             # 2. verify: one target forward over every node
@@ -428,7 +438,7 @@ class SpeculativeGenerator:
             raise ValueError(
                 f"the prompt is empty or malformed (token ids of shape {tuple(ids.shape)}); pass text or ids"
             )
-        if self.max_context and ids.numel() >= self.max_context:
+        if self.max_context and ids.numel() > self.max_context:  # a full context still yields one token
             raise ValueError(
                 f"the prompt has {ids.numel()} tokens but the target's context is {self.max_context} tokens "
                 "(max_position_embeddings); shorten the prompt to leave room for new tokens"

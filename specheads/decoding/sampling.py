@@ -10,6 +10,7 @@ Leviathan et al. 2023, https://arxiv.org/abs/2211.17192 (section 3, "standardize
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -85,33 +86,45 @@ UNAPPLIED_GENERATION_SETTINGS = {
     "exponential_decay_length_penalty": None,
     "guidance_scale": None,
     "watermarking_config": None,
+    "forced_bos_token_id": None,
+    "stop_strings": None,
+    "max_time": None,
 }
 """Logits processors of a target's generation config that the speculative loop does not apply, and their neutral
-values. ``top_k``, ``top_p`` and ``temperature`` are arguments of ``generate`` instead."""
+values. ``top_k``, ``top_p`` and ``temperature`` are arguments of ``generate`` instead, and so is ``stop`` (the
+config's ``stop_strings`` are not read); ``max_time`` is not applied either."""
 
 
-def warn_unapplied_generation_settings(target: PreTrainedModel) -> None:
-    """Warn when the target's generation config asks for logits processing that the speculative loop skips."""
+def generation_settings_to_flag(target: PreTrainedModel) -> dict[str, Any]:
+    """What the target's generation config sets that the speculative loop does not apply (its logits processors),
+    and whether it asks to sample; empty when nothing is to be flagged."""
     config = target.generation_config
     if config is None:
-        return
+        return {}
     found = {
         key: getattr(config, key)
         for key, neutral in UNAPPLIED_GENERATION_SETTINGS.items()
         if getattr(config, key, neutral) not in (neutral, None)
     }
-    if found:
-        warnings.warn(
-            f"the target's generation config sets {found}, which speculative decoding does not apply: outputs follow "
-            "the model's own distribution, as transformers' generate does with these at their defaults (and "
-            "`specheads bench` runs its baselines that way). Clear them from model.generation_config to silence this",
-            stacklevel=3,
-        )
     if getattr(config, "do_sample", False):
-        asked = {k: getattr(config, k, None) for k in ("temperature", "top_k", "top_p")}
+        found["do_sample"] = {k: getattr(config, k) for k in ("temperature", "top_k", "top_p") if getattr(config, k)}
+    return found
+
+
+def warn_unapplied_generation_settings(found: dict[str, Any], stacklevel: int = 3) -> None:
+    """Warn about what ``generation_settings_to_flag`` found."""
+    unapplied = {key: value for key, value in found.items() if key != "do_sample"}
+    if unapplied:
         warnings.warn(
-            f"the target's generation config asks to sample ({ {k: v for k, v in asked.items() if v is not None} }); "
-            "SpeculativeGenerator.generate takes temperature, top_k and top_p as arguments and decodes greedily "
-            "unless temperature > 0 is passed (max_new_tokens too is an argument, not read from the config)",
-            stacklevel=3,
+            f"the target's generation config sets {unapplied}, which speculative decoding does not apply: outputs "
+            "follow the model's own distribution, as transformers' generate does with these at their defaults (and "
+            "`specheads bench` runs its baselines that way). Clear them from model.generation_config to silence this",
+            stacklevel=stacklevel,
+        )
+    if "do_sample" in found:
+        warnings.warn(
+            f"the target's generation config asks to sample ({found['do_sample']}); SpeculativeGenerator.generate "
+            "takes temperature, top_k and top_p as arguments and decodes greedily unless temperature > 0 is passed "
+            "(max_new_tokens too is an argument, not read from the config)",
+            stacklevel=stacklevel,
         )

@@ -141,3 +141,18 @@ def test_a_generation_config_that_samples_is_flagged(target):
     with pytest.warns(UserWarning, match=r"asks to sample \({'temperature': 0.6") as caught:
         _plain(target)
     assert any("min_new_tokens" in str(w.message) for w in caught)
+
+
+def test_generation_settings_changed_after_construction_are_flagged_at_generate(target):
+    """The target's generation config is read on every call (as EOS is): a repetition penalty set after the
+    generator was built, or a forced first token, is flagged when generate runs, once per change."""
+    generator = _plain(target)
+    target.generation_config.repetition_penalty = 1.5
+    with pytest.warns(UserWarning, match=r"sets {'repetition_penalty': 1.5}, which speculative decoding does not"):
+        generator.generate(PROMPT, max_new_tokens=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generator.generate(PROMPT, max_new_tokens=2)  # unchanged since: said once
+    target.generation_config.forced_bos_token_id, target.generation_config.stop_strings = 7, ["done"]
+    with pytest.warns(UserWarning, match=r"'forced_bos_token_id': 7, 'stop_strings': \['done'\]"):
+        generator.generate(PROMPT, max_new_tokens=2)

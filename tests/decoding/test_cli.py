@@ -189,3 +189,33 @@ def test_a_request_beyond_a_sliding_window_is_a_one_line_error(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "specheads generate: error:" in err and "sliding-window attention (window 16 tokens)" in err
     assert "Traceback" not in err
+
+
+def test_ctrl_c_and_a_closed_pipe_end_generate_without_a_traceback():
+    """A real `specheads generate` process: SIGINT mid-stream keeps the text printed so far and exits 130 with one
+    line; a reader that goes away (`| head -c 10`) ends it quietly (141, as Unix tools under SIGPIPE)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "specheads.cli", "generate", "--prompt", "Tell a long story about a dragon."]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for how in ("sigint", "close"):
+        proc = subprocess.Popen(
+            [*argv, "--max-new-tokens", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        first = proc.stdout.read(10)
+        assert len(first) == 10
+        if how == "sigint":
+            proc.send_signal(signal.SIGINT)
+        else:
+            proc.stdout.close()
+        _, err = proc.communicate(timeout=120) if how == "close" else (proc.stdout.read(), proc.stderr.read())
+        code = proc.wait(timeout=120)
+        err = err.decode()
+        assert "Traceback" not in err, err
+        if how == "sigint":
+            assert code == 130 and "specheads generate: interrupted" in err
+        else:
+            assert code == 141

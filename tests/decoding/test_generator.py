@@ -119,8 +119,8 @@ def test_prompt_errors(tiny_llama):
         generator.generate(torch.tensor([], dtype=torch.long), max_new_tokens=4)
     with pytest.raises(ValueError, match="batch"):
         generator.generate(torch.ones(2, 5, dtype=torch.long), max_new_tokens=4)
-    with pytest.raises(ValueError, match="context"):
-        generator.generate(torch.ones(512, dtype=torch.long), max_new_tokens=4)  # tiny context: 512 positions
+    with pytest.raises(ValueError, match="the prompt has 513 tokens but the target's context is 512 tokens"):
+        generator.generate(torch.ones(513, dtype=torch.long), max_new_tokens=4)  # tiny context: 512 positions
     with pytest.raises(ValueError, match="acceptance"):
         SpeculativeGenerator(tiny_llama, TinyTokenizer(), acceptance="nope")
 
@@ -128,6 +128,10 @@ def test_prompt_errors(tiny_llama):
 def test_generation_stops_when_context_is_full(tiny_llama):
     result = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(torch.ones(508, dtype=torch.long), 50)
     assert result.stats.stop_reason == "context_full" and len(result.token_ids) <= 5
+    full = torch.ones(512, dtype=torch.long)  # the whole context: its last logits still give one token, as generate's
+    result = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(full, 4)
+    expected = tiny_llama.generate(full[None], max_new_tokens=1, do_sample=False)[0, 512:].tolist()
+    assert result.token_ids == expected and result.stats.stop_reason == "context_full"
 
 
 @pytest.mark.parametrize("name", ["eagle1", "medusa", "draft_model", "lookup"])
@@ -186,7 +190,8 @@ def test_sliding_window_target_decodes_within_the_window_and_refuses_beyond():
     target.generation_config.eos_token_id = None
     prompt = torch.tensor([4, 5, 6, 4, 5, 6, 4, 5])
     expected = target.generate(prompt[None], max_new_tokens=8, do_sample=False)[0, 8:].tolist()
-    for drafter in (None, PromptLookupDrafter(num_tokens=4, min_ngram=1)):
+    medusa = MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=3), target).eval(), static_tree([[0], [1], [0, 0]]))
+    for drafter in (None, PromptLookupDrafter(num_tokens=4, min_ngram=1), medusa):  # a tree up to the window's end
         generator = SpeculativeGenerator(target, TinyTokenizer(), drafter)
         assert generator.generate(prompt, max_new_tokens=8).token_ids == expected  # 8 + 8 = the window
         with pytest.raises(ValueError, match=r"sliding-window attention \(window 16 tokens\).*may reach 17"):
