@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specheads.bench.methods import Method
-from specheads.bench.runner import Record
+from specheads.bench.runner import Record, process_peak_rss_mb
 
 OVERALL = "overall"
 
@@ -48,7 +48,7 @@ def summarize(records: list[Record]) -> dict[str, Any]:
         "identical": sum(compared) if compared else None,
         "compared": len(compared),
         "near_ties": sum(r.near_tie is not None for r in records),
-        "peak_mem_mb": max(r.peak_mem_mb for r in records),
+        "peak_mem_mb": max((r.peak_mem_mb for r in records if r.peak_mem_mb is not None), default=None),
     }
 
 
@@ -61,9 +61,12 @@ def aggregate(records: list[Record], methods: list[Method], config: dict[str, An
         groups = {c: [r for r in mine if r.question.category == c] for c in categories}
         results[method.name] = {c: summarize(g) for c, g in {**groups, OVERALL: mine}.items() if g}
     baseline = results[methods[0].name]
+    greedy = config.get("temperature", 0) == 0
     for per_group in results.values():
         for group, summary in per_group.items():
             summary["speedup"] = summary["tokens_per_s"] / max(baseline[group]["tokens_per_s"], 1e-9)
+            if not greedy:  # sampled outputs are not expected to match the baseline's: nothing was compared
+                summary["identical"], summary["compared"] = None, 0
     mismatches = [
         {"method": r.method, "question_id": r.question.question_id, "category": r.question.category}
         for r in records
@@ -76,6 +79,7 @@ def aggregate(records: list[Record], methods: list[Method], config: dict[str, An
     ]
     return {
         "config": config,
+        "process_peak_rss_mb": process_peak_rss_mb(),
         "baseline": methods[0].name,
         "categories": categories,
         "methods": {m.name: {"description": m.description, "lossless": m.lossless, **m.extra} for m in methods},
@@ -122,9 +126,10 @@ def markdown_report(report: dict[str, Any]) -> str:
             identical += f" (+{s['near_ties']} near-tie)"
         total = max(s["seconds"], 1e-9)
         split = " / ".join(f"{100 * s[k] / total:.0f}%" for k in ("draft_s", "verify_s", "other_s"))
+        memory = "n/a (CPU)" if s["peak_mem_mb"] is None else f"{s['peak_mem_mb']:.0f}"
         lines.append(
             f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {s['speedup']:.2f}x | "
-            f"{identical if greedy else 'n/a (T>0)'} | {split} | {s['peak_mem_mb']:.0f} |"
+            f"{identical if greedy else 'n/a (T>0)'} | {split} | {memory} |"
         )
     for title, key, fmt in (("Speedup", "speedup", "{:.2f}x"), ("tau", "tau", "{:.2f}")):
         lines += ["", f"{title} per category:", "", "| method | " + " | ".join(categories) + " | overall |"]
@@ -134,8 +139,11 @@ def markdown_report(report: dict[str, Any]) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "speedup = baseline s/token / method s/token (= time ratio when outputs are identical). Peak mem: per-method "
-        "`torch.cuda.max_memory_allocated` on GPU; on CPU the process's peak RSS so far (cumulative, not per method).",
+        "speedup = baseline s/token / method s/token (= time ratio when outputs are identical). Time split: every "
+        "target forward (the prompt's included) is verify; drafting includes the drafter's start on the prompt. Peak "
+        "mem: per-method `torch.cuda.max_memory_allocated` on GPU; none per method on CPU, where the allocator keeps "
+        "freed memory, so RSS only rises: the whole process peaked at "
+        f"{report.get('process_peak_rss_mb') or 0:.0f} MB RSS.",
     ]
     hists = {n: g[OVERALL] for n, g in results.items() if g[OVERALL]["accepted_length_hist"]}
     if hists:
@@ -193,14 +201,17 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, per_group in results.items():
-        rates = per_group[OVERALL]["acceptance_per_depth"]
-        if rates:
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
+    drafted = {name: g[OVERALL]["acceptance_per_depth"] for name, g in results.items()}
+    drafted = {name: rates for name, rates in drafted.items() if rates}
+    for name, rates in drafted.items():
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
     ax.set_xlabel("tree depth")
     ax.set_ylabel("acceptance rate (steps reaching the depth)")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize="small")
+    if drafted:
+        ax.legend(fontsize="small")
+    else:  # e.g. every head's auto tree was the root alone: plain decoding, nothing drafted to accept
+        ax.text(0.5, 0.5, "no method drafted a tree", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     paths.append(out_dir / "acceptance.png")
     fig.savefig(paths[1], dpi=120)

@@ -26,14 +26,20 @@ class Record:
     method: str
     run: MethodRun
     identical: bool | None  # same tokens as the baseline (None for the baseline itself)
-    peak_mem_mb: float
+    peak_mem_mb: float | None  # GPU only (``peak_memory_mb``)
     near_tie: float | None = None  # 16-bit T=0 mismatch: the baseline's logit gap where they part (``mark_near_ties``)
 
 
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak accelerator memory since the last reset on GPU; the process's peak RSS on CPU (never reset)."""
+def peak_memory_mb(device: torch.device) -> float | None:
+    """Peak accelerator memory since the last reset on GPU; None on CPU, where no per-method figure is honest: the
+    allocator keeps what a method freed, so a process's RSS only ever rises (``process_peak_rss_mb`` reports it)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    return None
+
+
+def process_peak_rss_mb() -> float:
+    """This process's peak resident memory so far (never reset)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
 

@@ -148,6 +148,14 @@ def measure_cost_curve(
     return CostCurve(list(sizes), [best[n] for n in sizes], device_label(device), name, dtype, prefix_len)
 
 
+def cost_curve_cache_path(target: PreTrainedModel, cache_dir: Path) -> Path:
+    """Where the cost curve of ``target`` on its device and dtype is cached (``load_or_measure_cost_curve``)."""
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
+    name = Path(str(target.config.name_or_path)).name  # readable; the digest is what tells models apart
+    key = (device_label(target.device), name, architecture_digest(target), dtype, f"v{COST_CURVE_VERSION}")
+    return Path(cache_dir) / "cost_model" / cache_file_name(*key)
+
+
 def load_or_measure_cost_curve(
     target: PreTrainedModel,
     cache_dir: Path,
@@ -156,11 +164,8 @@ def load_or_measure_cost_curve(
     repeats: int = 3,
 ) -> CostCurve:
     """The cached curve for (device, architecture, dtype) under ``cache_dir``, measuring and caching it on first
-    use."""
-    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    name = Path(str(target.config.name_or_path)).name  # readable; the digest is what tells models apart
-    key = (device_label(target.device), name, architecture_digest(target), dtype, f"v{COST_CURVE_VERSION}")
-    path = Path(cache_dir) / "cost_model" / cache_file_name(*key)
+    use, or again with ``refresh`` (a curve timed while the machine was busy)."""
+    path = cost_curve_cache_path(target, cache_dir)
     if path.is_file() and not refresh:
         return CostCurve(**json.loads(path.read_text()))
     curve = measure_cost_curve(target, sizes, repeats=repeats)

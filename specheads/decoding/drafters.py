@@ -35,6 +35,7 @@ from specheads.decoding.cost_model import (
     cache_file_name,
     choose_lookup_solo,
     choose_tree,
+    cost_curve_cache_path,
     device_label,
     load_or_measure_cost_curve,
     write_cache_file,
@@ -320,8 +321,12 @@ def auto_tree_drafter(
             chosen = "never" if solo is None else f"on {solo}-gram or longer matches"
             branched.tree += f"; lookup alone: auto, cached ({chosen})"
         return branched
-    log(f"auto tree: timing the target on {device_label(target.device)} (cached after the first run)")
-    curve = load_or_measure_cost_curve(target, Path(cache_dir))
+    curve_path = cost_curve_cache_path(target, Path(cache_dir))
+    if recalibrate or not curve_path.is_file():
+        log(f"auto tree: timing the target on {device_label(target.device)} (cached after the first run)")
+    else:
+        log(f"auto tree: the target's cost curve on {device_label(target.device)}, cached in {curve_path}")
+    curve = load_or_measure_cost_curve(target, Path(cache_dir), refresh=recalibrate)
     encode = SpeculativeGenerator(target, tokenizer).encode
     prompts = [encode(text).view(-1) for text in BUILTIN_CALIBRATION_PROMPTS]
     log(f"auto tree: calibrating the head on {len(prompts)} built-in prompts ({CALIBRATION_TOKENS} tokens each)")

@@ -140,6 +140,11 @@ def test_identical_counts_speedup_and_loud_mismatches():
     assert "MISMATCHES" in markdown_report(report)
     sampled = aggregate(records, methods, {"temperature": 1.0})
     assert sampled["mismatches"] == []  # outputs are not expected to match when sampling
+    sampled_overall = sampled["results"]["same"][OVERALL]
+    assert sampled_overall["identical"] is None and sampled_overall["compared"] == 0  # nothing compared, not "0 of 2"
+    # on the CPU no per-method peak memory is claimed; the process's peak RSS is reported once
+    assert overall["same"]["peak_mem_mb"] is None and report["process_peak_rss_mb"] > 0
+    assert "| n/a (CPU) |" in markdown_report(report) and "MB RSS" in markdown_report(report)
 
 
 def test_report_files_replace_an_earlier_runs_together(tmp_path):
@@ -151,7 +156,11 @@ def test_report_files_replace_an_earlier_runs_together(tmp_path):
     methods = [stub("base", [1, 2], 2.0, 2), stub("fast", [1, 2], 1.0, 1)]
     report = aggregate(run_benchmark(methods, prompts, 2, warmup_tokens=0, progress=False), methods, {})
     (tmp_path / "speedup.png").write_bytes(b"an earlier run's plot")
-    paths = write_report(report, tmp_path)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no method drafted a tree: a note on the plot, not an empty legend's warning
+        paths = write_report(report, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths.values())
     assert paths["speedup_png"].read_bytes()[:4] == b"\x89PNG" and json.loads(paths["json"].read_text())["results"]
 

@@ -124,6 +124,7 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     assert generate_main(solo_auto) == 0
     third = capsys.readouterr()
     assert "has no lookup-alone length priced for a 4-token branch" in third.err and "calibrating" in third.err
+    assert "timing the target" not in third.err and "the target's cost curve on cpu-" in third.err
     (entry,) = (cache / "auto_trees").glob("*.json")
     assert third.out == first.out and list(json.loads(entry.read_text())["lookup_solo"]) == ["4"]
     assert generate_main(solo_auto) == 0
@@ -132,6 +133,10 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     assert fourth.out == first.out and len(list((cache / "auto_trees").glob("*.json"))) == 1
     assert generate_main(common) == 0
     assert capsys.readouterr().out == first.out
+    (curve,) = (cache / "cost_model").glob("*.json")
+    stamp = curve.stat().st_mtime_ns
+    assert generate_main([*common, "--tree", "auto", "--recalibrate"]) == 0  # a curve timed on a busy machine
+    assert "timing the target" in capsys.readouterr().err and curve.stat().st_mtime_ns != stamp
     for bad, message in [
         (["--tree", "chain:2"], "--tree chain:2 and --recalibrate need --head"),
         (["--acceptance", "greedy", "--temperature", "0.7"], "--acceptance greedy keeps the target's argmax"),

@@ -214,3 +214,13 @@ def test_sampled_trees_carry_the_q_their_children_came_from(tiny_llama, name):
     torch.testing.assert_close(tree.draft_probs[parents].sum(-1), torch.ones(parents.numel()))
     greedy_state = drafter.begin(PROMPT, hidden, 11, Sampling(), None)
     assert drafter.propose(greedy_state).draft_probs is None
+
+
+def test_the_prompt_forward_counts_as_target_time_and_the_drafter_start_as_drafting(tiny_llama):
+    """The time split books every target forward as verify, the prefill included, as the benchmark does for
+    transformers' methods (one token: the prefill is the only forward); the drafter's start on the prompt is
+    drafting, not bookkeeping."""
+    one = SpeculativeGenerator(tiny_llama, TinyTokenizer(), tiny_drafters(tiny_llama)["eagle1"]).generate(
+        PROMPT, max_new_tokens=1
+    )
+    assert one.stats.target_forwards == 1 and one.stats.verify_s > 0 and one.stats.draft_s > 0
