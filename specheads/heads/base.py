@@ -14,7 +14,7 @@ import safetensors.torch
 from torch import nn
 
 from specheads import __version__
-from specheads.heads.card import write_model_card
+from specheads.heads.card import ADAPTER_KEY, write_model_card
 from specheads.heads.config import FORMAT_VERSION, HeadConfig
 
 CONFIG_NAME = "config.json"
@@ -79,7 +79,10 @@ class DraftHead(nn.Module):
             # save_model de-duplicates tied tensors (e.g. a draft model's tied embedding and lm_head).
             WEIGHTS_NAME: lambda path: safetensors.torch.save_model(self, str(path), metadata={"format": "pt"}),
             CONFIG_NAME: lambda path: path.write_text(json.dumps(self.config_json(), indent=2) + "\n"),
-            "README.md": lambda path: write_model_card(path, self, card or {}),
+            # the card says whether this head comes with an adapter (Medusa-2), which it cannot see yet in lora/
+            "README.md": lambda path: write_model_card(
+                path, self, {**(card or {}), ADAPTER_KEY: write_adapter is not None}
+            ),
         }
         staged: list[tuple[Path, Path]] = []
         adapter = out / f".{LORA_DIR}.partial-{os.getpid()}"

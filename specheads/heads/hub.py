@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from huggingface_hub import HfApi, snapshot_download
 
 from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
+from specheads.heads.card import public_name
 
-UPLOAD_PATTERNS = [CONFIG_NAME, WEIGHTS_NAME, "README.md", f"{LORA_DIR}/*"]
-"""What a push uploads: the head, its card, and a Medusa-2 LoRA adapter folder when there is one. The same files
-already in the repository and not in the folder are deleted by the push (a stale adapter would be merged into the
-target by everyone who downloads the head)."""
+LORA_FILES = ("adapter_config.json", "adapter_model.safetensors")
+"""A Medusa-2 LoRA adapter as peft saves and loads it (``peft.utils.constants`` ``CONFIG_NAME`` and
+``SAFETENSORS_WEIGHTS_NAME``): the files of ``lora/`` that are pushed and downloaded."""
+
+UPLOAD_PATTERNS = [CONFIG_NAME, WEIGHTS_NAME, "README.md", *(f"{LORA_DIR}/{name}" for name in LORA_FILES)]
+"""What a push uploads: the head, its card, and a Medusa-2 LoRA adapter when there is one (nothing else a run left in
+``lora/``: peft's template card, optimizer states, logs)."""
+
+DELETE_PATTERNS = [CONFIG_NAME, WEIGHTS_NAME, "README.md", f"{LORA_DIR}/*"]
+"""What a push deletes from the repository when the folder does not upload it: a stale adapter would be applied to
+the target by everyone who downloads the head, and ``lora/`` holds nothing else of this head."""
 
 
 class HubError(RuntimeError):
@@ -22,12 +32,23 @@ class HubError(RuntimeError):
 def files_to_upload(folder: str | os.PathLike) -> list[str]:
     """The files ``push_folder`` would upload from ``folder`` (relative paths), after checking it is a head folder."""
     root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"{root} {'is a file' if root.exists() else 'does not exist'}; push a folder written by "
+            "head.save_pretrained()"
+        )
     for required in (CONFIG_NAME, WEIGHTS_NAME, "README.md"):
         if not (root / required).is_file():
             raise FileNotFoundError(f"{root} has no {required}; push a folder written by head.save_pretrained()")
-    files = [name for name in (CONFIG_NAME, WEIGHTS_NAME, "README.md")]
+    files = [CONFIG_NAME, WEIGHTS_NAME, "README.md"]
     if (root / LORA_DIR).is_dir():
-        files += sorted(str(p.relative_to(root)) for p in (root / LORA_DIR).rglob("*") if p.is_file())
+        missing = [name for name in LORA_FILES if not (root / LORA_DIR / name).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{root / LORA_DIR} has no {' or '.join(missing)}; expected the LoRA adapter that Medusa-2 training "
+                "saves (peft's save_pretrained)"
+            )
+        files += [f"{LORA_DIR}/{name}" for name in LORA_FILES]
     return files
 
 
@@ -37,28 +58,46 @@ def push_folder(
     private: bool | None = None,
     token: str | None = None,
     commit_message: str = "Upload specheads draft head",
+    revision: str | None = None,
 ) -> str:
     """Create ``repo_id`` if needed and upload the head folder; returns the commit URL.
 
     ``private=None`` leaves visibility to the Hub (a new repository follows its owner's default, an existing one
     keeps its own); ``True`` makes the repository private, an existing public one included; ``False`` creates a
-    public one. Files of an earlier head that this folder does not have (``UPLOAD_PATTERNS``) are deleted."""
+    public one. ``revision`` names a branch, created from the default branch when missing. Files of an earlier head
+    that this folder does not have (``DELETE_PATTERNS``) are deleted."""
     files_to_upload(folder)
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
         if private:  # create_repo ignores ``private`` for a repository that already exists
             api.update_repo_settings(repo_id, private=True)
+        if revision is not None:  # upload_folder commits to an existing branch only
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
         info = api.upload_folder(
             folder_path=str(folder),
             repo_id=repo_id,
             allow_patterns=UPLOAD_PATTERNS,
-            delete_patterns=UPLOAD_PATTERNS,
+            delete_patterns=DELETE_PATTERNS,
             commit_message=commit_message,
+            revision=revision,
         )
     except Exception as err:  # noqa: BLE001 - network, auth and offline errors all become one clear line
         raise HubError(_one_line(f"could not push {folder} to {repo_id}", err)) from err
     return str(getattr(info, "commit_url", info))
+
+
+def save_lora_adapter(adapted: Any, folder: str | os.PathLike, target_name: str) -> None:
+    """Save a peft model's adapter into ``folder`` as it is published with the head: without peft's template
+    README (a page of "[More Information Needed]"), and with ``base_model_name_or_path`` the target's name as the
+    user gave it (``public_name``) rather than the local folder it was loaded from. ``load_lora_adapter`` applies
+    the adapter to the target it is given, whatever that field says."""
+    adapted.save_pretrained(str(folder))  # peft has no switch for its card
+    (Path(folder) / "README.md").unlink(missing_ok=True)
+    config_path = Path(folder) / LORA_FILES[0]
+    config = json.loads(config_path.read_text())
+    config["base_model_name_or_path"] = public_name(target_name)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def download_head(repo_id: str, revision: str | None = None) -> Path:
@@ -72,7 +111,22 @@ def download_head(repo_id: str, revision: str | None = None) -> Path:
 
 
 def _one_line(what: str, err: Exception) -> str:
+    from huggingface_hub.constants import is_offline_mode
+
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-    hint = " (HF_HUB_OFFLINE is set: unset it and check your network)" if offline else ""
+    check = "check the network connection (or HF_ENDPOINT)"
+    if is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        hint = f" (HF_HUB_OFFLINE is set: unset it, then {check})"
+    else:
+        hint = f" ({check})" if _is_network_failure(err) else ""
     return f"{what}: {type(err).__name__}: {reason}{hint}"
+
+
+def _is_network_failure(err: Exception) -> bool:
+    """No answer from the Hub (as opposed to an answer that refuses: auth, not found)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    if isinstance(err, (OfflineModeIsEnabled, LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+        return True
+    # huggingface_hub's HTTP client (httpx, httpx2 from huggingface_hub 2) raises subclasses of its TransportError
+    return any(cls.__name__ == "TransportError" and cls.__module__.startswith("httpx") for cls in type(err).__mro__)

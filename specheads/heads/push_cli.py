@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+
+from specheads.heads.base import CONFIG_NAME
+from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError, files_to_upload, push_folder
+from specheads.heads.interop import is_eagle3_checkpoint
 from specheads.heads.load import read_head_config
 
 
@@ -20,23 +27,55 @@ def push_main(argv: list[str] | None = None) -> int:
         help="make the repository private (an existing public one too); without it, a new repository follows its "
         "owner's default visibility and an existing one keeps its own",
     )
+    parser.add_argument("--commit-message", default="Upload specheads draft head", help="the commit's message")
+    parser.add_argument(
+        "--revision", help="push to this branch (created from the default branch when missing) instead of main"
+    )
     parser.add_argument("--dry-run", action="store_true", help="check the folder and list what would be uploaded")
     args = parser.parse_args(argv)
     try:
-        read_head_config(Path(args.folder))
+        validate_repo_id(args.repo_id)
+        _check_head_folder(Path(args.folder))
         files = files_to_upload(args.folder)
-    except (FileNotFoundError, RuntimeError) as err:
+    except (FileNotFoundError, RuntimeError, HFValidationError) as err:
         print(f"specheads push: {err}", file=sys.stderr)
         return 2
-    print(f"would upload to {args.repo_id}: " + ", ".join(files) if args.dry_run else f"uploading {len(files)} files")
+    where = args.repo_id + (f" (branch {args.revision})" if args.revision else "")
+    print(f"would upload to {where}: " + ", ".join(files) if args.dry_run else f"uploading {len(files)} files")
     if args.dry_run:
         return 0
     try:
-        url = push_folder(
-            args.folder, args.repo_id, private=True if args.private else None
-        )  # token: from `hf auth login` / HF_TOKEN
+        url = push_folder(  # token: from `hf auth login` / HF_TOKEN
+            args.folder,
+            args.repo_id,
+            private=True if args.private else None,
+            commit_message=args.commit_message,
+            revision=args.revision,
+        )
     except HubError as err:
         print(f"specheads push: {err}", file=sys.stderr)
         return 1
     print(f"pushed: {url}")
     return 0
+
+
+def _check_head_folder(folder: Path) -> None:
+    """A specheads head folder, not a missing one nor what ``specheads export`` writes from it."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} {'is a file' if folder.exists() else 'does not exist'}")
+    path = folder / CONFIG_NAME
+    try:
+        raw = json.loads(path.read_text()) if path.is_file() else None
+    except json.JSONDecodeError:
+        raw = None  # read_head_config says what is wrong with it
+    if isinstance(raw, dict) and "head_type" not in raw:
+        # export's own record (EAGLE, Medusa), a transformers model's (a draft model), an EAGLE-3 engine layout
+        exported = "specheads" in raw or "architectures" in raw or is_eagle3_checkpoint(raw)
+    else:
+        exported = False
+    if exported:
+        raise HeadLoadError(
+            f"{folder}: this is an engine checkpoint written by `specheads export`; push the specheads head folder it "
+            "came from, or upload this folder with `hf upload`"
+        )
+    read_head_config(folder)

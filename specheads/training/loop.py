@@ -572,10 +572,15 @@ def _save_final(accelerator, objective, cfg: TrainConfig, target, metrics: dict[
     builder = getattr(type(live), "for_loading", type(live))
     head = builder(copy.deepcopy(live.config), target)
     head.load_state_dict({k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")}, strict=True)
-    card = {"training": to_container(cfg), "metrics": metrics}
+    from specheads.heads.card import ADAPTER_KEY
+    from specheads.heads.hub import save_lora_adapter
+
+    adapted = getattr(unwrapped, "adapted", None)  # Medusa-2's LoRA adapter: saved with the heads, as one unit
+    card = {"training": to_container(cfg), "metrics": metrics, ADAPTER_KEY: adapted is not None}  # card before lora/
     if "eval/tau" in metrics:
         card["acceptance"] = {"simulated_chain_tau": metrics["eval/tau"]}
-    adapted = getattr(unwrapped, "adapted", None)  # Medusa-2's LoRA adapter: saved with the heads, as one unit
-    head.save_pretrained(
-        out, card=card, write_adapter=None if adapted is None else lambda folder: adapted.save_pretrained(str(folder))
+    head.save_pretrained(  # the adapter as published: no peft template card, the target named as the user gave it
+        out,
+        card=card,
+        write_adapter=None if adapted is None else lambda folder: save_lora_adapter(adapted, folder, cfg.target.name),
     )

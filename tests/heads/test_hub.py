@@ -59,12 +59,24 @@ def test_files_to_upload_include_lora_adapter(tiny_llama, tmp_path):
     (tmp_path / "lora").mkdir()
     (tmp_path / "lora" / "adapter_model.safetensors").write_bytes(b"x")
     (tmp_path / "scratch.txt").write_text("not uploaded")
+    with pytest.raises(FileNotFoundError, match="lora has no adapter_config.json"):
+        files_to_upload(tmp_path)  # an adapter peft cannot load is not pushed
+    (tmp_path / "lora" / "adapter_config.json").write_text("{}")
     assert files_to_upload(tmp_path) == [
         "config.json",
         "model.safetensors",
         "README.md",
+        "lora/adapter_config.json",
         "lora/adapter_model.safetensors",
     ]
+
+
+def test_lora_files_are_the_ones_peft_saves_and_loads():
+    from peft.utils.constants import CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME
+
+    from specheads.heads.hub import LORA_FILES
+
+    assert LORA_FILES == (CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME)
 
 
 def test_push_refuses_a_folder_that_is_not_a_head(tmp_path):
@@ -82,37 +94,47 @@ def test_push_offline_is_one_clear_line(tiny_llama, tmp_path, monkeypatch, capsy
     assert main(["push", str(folder), "someone/head"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "could not push" in err
+    assert "HF_HUB_OFFLINE is set" in err and "check the network connection (or HF_ENDPOINT)" in err
     assert main(["push", str(folder), "someone/head", "--dry-run"]) == 0
     assert "config.json, model.safetensors, README.md" in capsys.readouterr().out
 
 
-def test_push_deletes_an_earlier_heads_adapter_and_keeps_visibility_unless_asked(tiny_llama, tmp_path, monkeypatch):
+@pytest.fixture
+def fake_hub(monkeypatch):
     """Everything up to the network: huggingface_hub's own ``upload_folder`` builds the commit from the folder and
-    the repository's file list; only the calls that reach the Hub are replaced (creating the repository, its
-    settings, listing its files, the Hub's check of the card's YAML, the commit), and the upload takes the library's
-    single-commit path rather than its Xet pipeline, so that one commit carries every file."""
+    the repository's file list (``fake_hub.remote``); only the calls that reach the Hub are replaced (creating the
+    repository, a branch, its settings, listing its files, the Hub's check of the card's YAML, the commit), and the
+    upload takes the library's single-commit path rather than its Xet pipeline, so that one commit carries every
+    file. ``fake_hub.calls`` records (name, keyword arguments); a commit records its sorted (operation, path)s."""
     import huggingface_hub.hf_api
     from huggingface_hub import HfApi
 
+    hub = SimpleNamespace(calls=[], remote=[".gitattributes", "config.json", "model.safetensors", "README.md"])
     monkeypatch.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False)
-    calls: list[tuple[str, dict]] = []
-    remote = [".gitattributes", "config.json", "model.safetensors", "README.md", "lora/adapter_model.safetensors"]
-    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: calls.append(("create_repo", kw)))
-    monkeypatch.setattr(HfApi, "update_repo_settings", lambda self, repo_id, **kw: calls.append(("settings", kw)))
-    monkeypatch.setattr(HfApi, "list_repo_files", lambda self, repo_id, **kw: list(remote))
-    monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kw: calls.append(("yaml", {})))
+    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: hub.calls.append(("create_repo", kw)))
+    monkeypatch.setattr(HfApi, "create_branch", lambda self, repo_id, **kw: hub.calls.append(("create_branch", kw)))
+    monkeypatch.setattr(HfApi, "update_repo_settings", lambda self, repo_id, **kw: hub.calls.append(("settings", kw)))
+    monkeypatch.setattr(HfApi, "list_repo_files", lambda self, repo_id, **kw: list(hub.remote))
+    monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kw: hub.calls.append(("yaml", {})))
 
     def create_commit(self, repo_id, operations, **kw):
-        calls.append(("commit", {"ops": sorted((type(op).__name__, op.path_in_repo) for op in operations)}))
+        ops = sorted((type(op).__name__, op.path_in_repo) for op in operations)
+        hub.calls.append(("commit", {**kw, "ops": ops}))
         return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/abc")
 
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    return hub
+
+
+def test_push_deletes_an_earlier_heads_adapter_and_keeps_visibility_unless_asked(tiny_llama, tmp_path, fake_hub):
+    fake_hub.remote.append("lora/adapter_model.safetensors")
+    calls = fake_hub.calls
     folder = tmp_path / "head"
     MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)  # Medusa-1: no adapter
     (folder / "train_config.yaml").write_text("train: {}\n")  # a run's side file: not uploaded
 
     assert main(["push", str(folder), "me/head"]) == 0
-    calls = [call for call in calls if call[0] != "yaml"]
+    calls[:] = [call for call in calls if call[0] != "yaml"]
     (create, create_kw), (commit, commit_kw) = calls
     assert create == "create_repo" and create_kw["private"] is None  # a new repo follows the owner's default
     ops = commit_kw["ops"]
@@ -125,3 +147,89 @@ def test_push_deletes_an_earlier_heads_adapter_and_keeps_visibility_unless_asked
     assert main(["push", str(folder), "me/head", "--private"]) == 0
     assert [name for name, _ in calls] == ["create_repo", "settings", "yaml", "commit"]  # an existing public one too
     assert calls[0][1]["private"] is True and calls[1][1] == {"private": True}
+
+
+def _medusa2_folder(tiny_llama, folder):
+    """A Medusa-2 head folder with a real peft adapter, and what else a run or peft may leave in ``lora/``."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    adapted = get_peft_model(copy.deepcopy(tiny_llama), LoraConfig(r=2, target_modules=["q_proj"]))
+    head = MedusaHeads(MedusaConfig(num_heads=2), tiny_llama)
+    head.save_pretrained(folder, write_adapter=lambda path: adapted.save_pretrained(str(path)))  # peft's README too
+    (folder / "lora" / "optimizer.pt").write_bytes(b"x")
+    (folder / "lora" / "sub").mkdir()
+    (folder / "lora" / "sub" / "x.log").write_text("log")
+    assert (folder / "lora" / "README.md").is_file()
+    return folder
+
+
+def test_push_uploads_only_the_adapter_files_peft_loads(tiny_llama, tmp_path, fake_hub, capsys):
+    folder = _medusa2_folder(tiny_llama, tmp_path / "head")
+    fake_hub.remote += ["lora/adapter_config.json", "lora/README.md"]  # pushed by an earlier specheads
+    adapter = ["lora/adapter_config.json", "lora/adapter_model.safetensors"]
+
+    assert main(["push", str(folder), "me/head", "--dry-run"]) == 0
+    listed = capsys.readouterr().out.strip().split(": ", 1)[1].split(", ")
+    assert listed == ["config.json", "model.safetensors", "README.md", *adapter]
+
+    assert main(["push", str(folder), "me/head"]) == 0
+    (_, commit), *_ = [call for call in fake_hub.calls if call[0] == "commit"]
+    added = sorted(path for kind, path in commit["ops"] if kind == "CommitOperationAdd")
+    assert added == sorted(["config.json", "model.safetensors", "README.md", *adapter])
+    deleted = [path for kind, path in commit["ops"] if kind == "CommitOperationDelete"]
+    assert deleted == ["lora/README.md"]  # the earlier push's peft template card goes too
+
+
+def test_push_takes_a_commit_message_and_a_branch(tiny_llama, tmp_path, fake_hub):
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    argv = ["push", str(folder), "me/head", "--commit-message", "heads after 2k steps", "--revision", "v2"]
+    assert main(argv) == 0
+    calls = dict(call for call in fake_hub.calls if call[0] != "yaml")
+    assert calls["create_branch"] == {"branch": "v2", "exist_ok": True}
+    assert calls["commit"]["commit_message"] == "heads after 2k steps" and calls["commit"]["revision"] == "v2"
+
+
+def test_push_checks_the_repo_id_and_the_folder_before_anything(tiny_llama, tmp_path, capsys):
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    assert main(["push", str(folder), "not a repo id!!", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a repo id!!" in err
+    assert main(["push", str(tmp_path / "nonexistent"), "me/head", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nonexistent does not exist" in err and "config.json" not in err
+
+
+def test_push_of_an_exported_engine_checkpoint_says_what_to_push(tiny_llama, tmp_path, capsys):
+    from specheads.heads.interop import export_head
+
+    head = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    head.save_pretrained(tmp_path / "head")
+    export_head(head, tiny_llama, tmp_path / "vllm")
+    (tmp_path / "vllm" / "README.md").write_text("served with vLLM\n")
+    for argv in (["push", str(tmp_path / "vllm"), "me/head"], ["push", str(tmp_path / "vllm"), "me/head", "--dry-run"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "unknown head_type" not in err
+        assert (
+            "this is an engine checkpoint written by `specheads export`; push the specheads head folder it came "
+            "from, or upload this folder with `hf upload`" in err
+        )
+
+
+def test_push_without_a_network_says_to_check_it(tiny_llama, tmp_path, monkeypatch, capsys):
+    """No HF_HUB_OFFLINE, and an endpoint that refuses connections: huggingface_hub's own request fails."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    assert main(["push", str(folder), "me/head"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "check the network connection (or HF_ENDPOINT)" in err
+    assert "HF_HUB_OFFLINE" not in err
