@@ -12,6 +12,7 @@ Tree verification feeds a custom 4D attention mask and explicit ``position_ids``
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib.resources
 import logging
 import os
@@ -124,6 +125,7 @@ def load_target(
             )
         model, tokenizer = _from_pretrained(name, kwargs, tokenizer_kwargs={})
     else:
+        _refuse_near_builtin_name(name)
         model, tokenizer = _from_hub(name, kwargs, revision)
     model.config.name_or_path = name
     model.eval()
@@ -154,6 +156,20 @@ def _from_pretrained(
         location, trust_remote_code=kwargs["trust_remote_code"], **tokenizer_kwargs
     )
     return model, tokenizer
+
+
+def _refuse_near_builtin_name(name: str) -> None:
+    """A name that starts or nearly spells a built-in one (``smollm2``, ``smollm2-135m``), without an owner (Hub ids
+    read ``owner/name``), is a typo: fail at once, not after the Hub's retries (about a minute without a network)."""
+    if "/" in name:
+        return
+    prefixed = [builtin for builtin in BUILTIN_TARGETS if len(name) >= 4 and builtin.startswith(name.lower())]
+    close = prefixed or difflib.get_close_matches(name.lower(), BUILTIN_TARGETS, n=1)
+    if close:
+        raise TargetLoadError(
+            f"unknown target {name!r}: not a built-in name, a local path or a Hub id (owner/name); did you mean "
+            f"{close[0]}? Built-in targets: {', '.join(BUILTIN_TARGETS)}."
+        )
 
 
 def _from_hub(name: str, kwargs: dict, revision: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

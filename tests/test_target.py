@@ -191,3 +191,17 @@ def test_a_conversion_killed_earlier_leaves_no_half_gigabyte_behind(smollm2, tmp
     converted = target_module.ensure_builtin_converted(SMOLLM2)
     assert converted == tmp_path / "targets" / SMOLLM2 and (converted / "model.safetensors").is_file()
     assert sorted(p.name for p in converted.parent.iterdir()) == [SMOLLM2, SMOLLM2 + ".lock"]
+
+
+@pytest.mark.parametrize("name", ["smollm2", "smollm2-135m", "SmolLM2-135M-Instruct", "smollm2-135m-instruc"])
+def test_a_mistyped_builtin_name_fails_at_once_with_a_suggestion(name):
+    """Online, a name the Hub does not know costs about a minute of retries before it fails; a near miss of a
+    built-in name (without an owner/ part) is refused at once."""
+    with pytest.raises(TargetLoadError, match=rf"unknown target '{name}'.*did you mean smollm2-135m-instruct\?"):
+        load_target(name)
+
+
+def test_a_hub_id_close_to_a_builtin_name_still_goes_to_the_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(TargetLoadError, match="If you are offline, pass a local model directory"):
+        load_target("someone/smollm2-135m")

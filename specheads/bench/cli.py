@@ -26,6 +26,7 @@ from specheads.bench.questions import (
 )
 from specheads.bench.report import OVERALL, aggregate, write_report
 from specheads.bench.runner import mark_near_ties, run_benchmark
+from specheads.decoding.cli import resolve_head_argument
 from specheads.decoding.cost_model import CostCurve, load_or_measure_cost_curve
 from specheads.decoding.drafters import (
     DrafterSpec,
@@ -37,7 +38,9 @@ from specheads.decoding.drafters import (
     remember_tree,
     with_lookup_branch,
 )
-from specheads.target import cache_root, resolve_device_dtype
+from specheads.heads.config import HeadLoadError
+from specheads.heads.hub import HubError
+from specheads.target import TargetLoadError, cache_root, resolve_device_dtype
 
 BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "specheads-plain")
 """Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads.
@@ -284,13 +287,17 @@ def run_bench(
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Load (or take) the target, run every method on the selected questions, write the report."""
     device, dtype = resolve_device_dtype(settings.device, settings.dtype)
+    # the question file and head folders first: a wrong one fails at once, not after the target loaded
+    questions_path = Path(settings.questions) if settings.questions else find_default_questions()
+    every_question = load_questions(questions_path)
+    for option, folder in [*(("--head", h) for h in settings.heads), ("--assistant", settings.assistant)]:
+        if folder:
+            resolve_head_argument(folder, option)
     if target is None or tokenizer is None:
         from specheads.target import load_target
 
         target, tokenizer = load_target(settings.target, dtype=dtype, device=device)
     device, dtype = target.device, next(target.parameters()).dtype
-    questions_path = Path(settings.questions) if settings.questions else find_default_questions()
-    every_question = load_questions(questions_path)
     questions = select_per_category(every_question, settings.per_category, settings.categories)
     prompts = [(q, render_prompt(tokenizer, q.prompt, device)) for q in questions]
     held_out = held_out_questions(every_question, questions, settings.calibration_prompts)
@@ -347,7 +354,9 @@ def bench_main(argv: list[str] | None = None) -> int:
     settings.trees = settings.trees or ["auto"]
     try:
         report, paths = run_bench(settings)
-    except ValueError as error:  # settings, heads or prompts the target cannot take: what and how to fix it
+    except (ValueError, HeadLoadError, HubError, TargetLoadError, FileNotFoundError) as error:
+        # settings, heads, files or prompts the target cannot take: what and how to fix it (HeadConfigError is a
+        # ValueError)
         print(f"specheads bench: error: {error}", file=sys.stderr)
         return 2
     print(paths["markdown"].read_text())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,7 +32,10 @@ from specheads.decoding.drafters import (
     with_lookup_branch,
 )
 from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
-from specheads.heads.load import ADAPTER_MARK
+from specheads.heads.base import CONFIG_NAME
+from specheads.heads.config import HeadConfigError, HeadLoadError
+from specheads.heads.hub import HubError
+from specheads.heads.load import ADAPTER_MARK, resolve_head_folder
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -118,22 +122,56 @@ def generate_main(argv: list[str] | None = None) -> int:
         )
     if args.recalibrate and args.tree != "auto":
         parser.error(f"--recalibrate re-measures the auto tree: it needs --tree auto, got --tree {args.tree}")
-    from specheads.target import cache_root, load_target, resolve_device_dtype
-
     if args.dtype not in DTYPES:
         parser.error(f"--dtype: expected one of {DTYPES}, got {args.dtype!r}")
+    from specheads.target import TargetLoadError
+
+    try:
+        return _generate(args, parser)
+    except (HeadLoadError, HeadConfigError, HubError, TargetLoadError, FileNotFoundError) as error:
+        _stderr(f"specheads generate: error: {error}")  # what to fix, without a traceback
+        return 2
+
+
+CHECKPOINT_MARK = "trainer_state.json"
+"""The file a training checkpoint folder holds (``specheads.training.checkpoint.STATE_FILE``; decoding does not import
+training): a folder with it and no ``config.json`` was given where a saved head belongs."""
+
+
+def resolve_head_argument(head: str, option: str = "--head") -> Path:
+    """``--head``: the local folder of a saved head (a Hub id is fetched once), checked before the target loads, so
+    that a wrong folder fails at once rather than after it. A training checkpoint is the usual mix-up: the message
+    says which folder to pass instead."""
+    path = Path(head)
+    if path.is_dir() and (path / CHECKPOINT_MARK).is_file() and not (path / CONFIG_NAME).is_file():
+        raise HeadLoadError(
+            f"{option} {head}: this is a training checkpoint, not a saved head; pass the run's output folder (written "
+            f"when training finishes), or continue training from it with train.resume={head}"
+        )
+    folder = resolve_head_folder(head)
+    if not (folder / CONFIG_NAME).is_file():
+        raise HeadLoadError(
+            f"{option} {head}: {folder} has no {CONFIG_NAME}; expected a folder written by head.save_pretrained() (a "
+            "training run's output folder, once it finished)"
+        )
+    return folder
+
+
+def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
+    from specheads.target import cache_root, load_target, resolve_device_dtype
+
     try:
         device, dtype = resolve_device_dtype(args.device, args.dtype)
     except ValueError as error:
         parser.error(f"--device {error}")
+    head_dir = resolve_head_argument(args.head) if args.head else None  # before the target: a wrong one fails fast
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
     spec = DrafterSpec(None, "")
     if args.prompt_lookup:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
-    elif args.head:
-        from specheads.heads import load_head, load_lora_adapter, resolve_head_folder
+    elif head_dir is not None:
+        from specheads.heads import load_head, load_lora_adapter
 
-        head_dir = resolve_head_folder(args.head)  # a Hub id is fetched once; everything below reads this folder
         target = load_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
         if getattr(target, ADAPTER_MARK, None):
             _stderr(

@@ -29,8 +29,8 @@ from accelerate.utils import DistributedType
 from filelock import FileLock, Timeout
 from omegaconf import OmegaConf
 
-from specheads.heads.base import WEIGHTS_NAME
-from specheads.training.config import ConfigError
+from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME
+from specheads.training.config import ConfigError, TrainConfig
 from specheads.training.tracking import flatten
 
 logger = logging.getLogger(__name__)
@@ -195,8 +195,33 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
             logger.info("train.resume=auto: no checkpoint in %s yet; starting at step 0", checkpoint_root(output_dir))
         return latest
     path = Path(resume)
-    read_step(path)  # fails loudly if incomplete
+    if not (path / STATE_FILE).is_file():
+        latest = latest_checkpoint(path) if path.is_dir() else None
+        found = "does not exist" if not path.exists() else f"is not a complete checkpoint (no {STATE_FILE})"
+        hint = (
+            f" {path} is a run's output folder: resume its latest checkpoint with train.resume={latest}, or with "
+            f"train.output_dir={path} train.resume=auto."
+            if latest is not None
+            else ""
+        )
+        raise FileNotFoundError(
+            f"train.resume={resume}: {path} {found}; train.resume takes a checkpoint folder such as "
+            f"{checkpoint_root('OUT')}/{_name(200)} written by a training run, or auto (the latest checkpoint in "
+            f"train.output_dir).{hint}"
+        )
     return path
+
+
+def refuse_checkpoint_as_head(folder: str | os.PathLike, option: str) -> None:
+    """A training checkpoint given where a saved head is expected (``head.init_from``) is an error that says which
+    folder to pass instead: a checkpoint holds the optimizer's state and no ``config.json``, so it does not load as a
+    head, and ``load_head`` alone could only say that the file is missing."""
+    path = Path(folder)
+    if (path / STATE_FILE).is_file() and not (path / CONFIG_NAME).is_file():
+        raise ConfigError(
+            f"{option}={folder} is a training checkpoint, not a saved head; pass the run's output folder (written "
+            f"when training finishes), or continue training from it with train.resume={folder}."
+        )
 
 
 def _refuse_overwriting_a_head(output_dir: str | os.PathLike, what: str) -> None:
@@ -213,7 +238,10 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
     """Refuse to resume with settings that differ from the run that wrote ``checkpoint`` (see ``RESUME_MAY_CHANGE``).
 
     ``config_yaml`` is the resuming run's config (``to_yaml``); both sides are read back from YAML, so they compare
-    the same way. A checkpoint written before checkpoints kept their config is resumed with a warning.
+    the same way. A key the saved config lacks was added to the schema after the checkpoint was written: that run ran
+    with its default, so the default is what it is compared as (a new setting left at its default resumes; set to
+    something else, it is refused like any other change). A checkpoint written before checkpoints kept their config
+    is resumed with a warning.
     """
     path = Path(checkpoint) / CONFIG_FILE
     if not path.is_file():
@@ -221,7 +249,8 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
             "%s has no %s (an older checkpoint): the resumed run's settings cannot be checked", checkpoint, CONFIG_FILE
         )
         return
-    saved = flatten(OmegaConf.to_container(OmegaConf.load(path)))
+    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
+    saved = {**defaults, **flatten(OmegaConf.to_container(OmegaConf.load(path)))}
     now = flatten(OmegaConf.to_container(OmegaConf.create(config_yaml)))
     changed = [
         f"{key}: {_shown(saved, key)} -> {_shown(now, key)}"

@@ -10,13 +10,16 @@ and checked strictly against it, so each default lives in one place.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from specheads.training.data import DataConfig
 
@@ -125,7 +128,7 @@ class TrainSection:
     stop_after: int | None = None  # stop after this many steps (as if killed) without the final save
     log_every: int = 10
     log_with: str = "none"
-    project: str = "specheads"
+    project: str = "${oc.env:WANDB_PROJECT,specheads}"  # wandb project (tensorboard: log subfolder); env, else this
     run_name: str | None = None
     progress_bar: bool = True
     dist_timeout_s: int = 1800  # how long ranks wait for a hung rank before the launch fails (torch's default)
@@ -145,34 +148,143 @@ class TrainConfig:
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Defaults <- YAML file <- dotted overrides (``key.sub=value``), validated strictly; interpolations resolved.
 
-    Data paths may use ``${oc.env:SPECHEADS_DATA,../shared/data}`` so configs do not hard-code a machine's layout.
+    The file and each override are merged in turn, so an error names its real source (the file, with line and column
+    for YAML syntax, or the one override). Data paths may use ``${oc.env:SPECHEADS_DATA,../shared/data}`` so configs
+    do not hard-code a machine's layout.
     """
-    schema = OmegaConf.structured(TrainConfig)
-    layers = [schema]
+    merged: DictConfig = OmegaConf.structured(TrainConfig)
+    if path is not None:
+        merged = _merged(merged, _read_yaml(path), str(path))
+    for override in overrides or []:
+        merged = _merged(merged, _parse_override(override), f"command-line override {override}")
     try:
-        if path is not None:
-            if not Path(path).is_file():
-                raise ConfigError(f"config file not found: {path}")
-            layers.append(OmegaConf.load(path))
-        layers.append(OmegaConf.from_dotlist(list(overrides or [])))
-        cfg = OmegaConf.to_object(OmegaConf.merge(*layers))
-    except ConfigKeyError as err:
-        raise ConfigError(_unknown_key_message(err, path)) from None
-    except OmegaConfBaseException as err:
-        raise ConfigError(f"{path or 'config'}: {err}") from None
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:  # interpolations resolve only here, whichever layer wrote them
+        key = getattr(err, "full_key", None)
+        given = [o for o in overrides or [] if o.partition("=")[0].strip() == key]
+        source = f"command-line override {given[-1]}" if given else str(path or "config")
+        raise ConfigError(_reworded(err, source)) from None
     validate(cfg)
     return cfg
 
 
-def _unknown_key_message(err: ConfigKeyError, path: Any) -> str:
-    full_key = str(getattr(err, "full_key", "") or "")
-    parent = full_key.rsplit(".", 1)[0] if "." in full_key else ""
+def _read_yaml(path: str | os.PathLike) -> DictConfig:
+    if not Path(path).is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        loaded = OmegaConf.load(path)
+    except yaml.YAMLError as err:  # syntax errors and duplicate keys; the mark says where
+        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a UTF-8 text file; expected a YAML training config") from None
+    except OSError as err:
+        if "Invalid loaded object type" not in str(err):  # OmegaConf's word for a bare number or boolean
+            raise ConfigError(f"cannot read config file {path}: {err}") from None
+        loaded = None
+    if not isinstance(loaded, DictConfig):
+        kind = "a list" if isinstance(loaded, ListConfig) else "a single value"
+        sections = ", ".join(f"{f.name}:" for f in dataclasses.fields(TrainConfig))
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level ({sections}), found {kind}.")
+    return loaded
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """``line L, column C: problem (context)`` from PyYAML's marks (1-based, as editors count)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
+def _parse_override(override: str) -> DictConfig:
+    key, sep, _ = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(
+            f"command-line override {override!r}: expected KEY=VALUE, e.g. train.max_steps=200 (the config file goes "
+            "after --config)."
+        )
+    try:
+        return OmegaConf.from_dotlist([override])
+    except yaml.YAMLError as err:
+        problem = _yaml_problem(err)
+        raise ConfigError(f"command-line override {override}: the value is not valid YAML: {problem}") from None
+
+
+def _merged(base: DictConfig, layer: DictConfig, source: str) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_reworded(err, source)) from None
+
+
+def _reworded(err: OmegaConfBaseException, source: str) -> str:
+    """One line naming the source, the key, what was expected and what was found (OmegaConf's own message is a
+    multi-line dump of its internals)."""
+    if isinstance(err, ConfigKeyError):
+        return _unknown_key_message(err, source)
+    full_key = str(getattr(err, "full_key", None) or "")
+    expected = _schema_type(full_key) if full_key else None
+    if isinstance(err, ValidationError) and expected is not None:
+        found = _shown_value(getattr(err, "value", None))
+        message = f"{source}: {full_key}: expected {_describe(expected)}, found {found}"
+        if typing.get_origin(expected) is list and not isinstance(err.value, (list, ListConfig, dict, DictConfig)):
+            item = "" if err.value is None else err.value
+            if source.startswith("command-line override"):
+                message += f"; write {full_key}=[{item}]"
+            else:
+                message += f"; write a YAML list, [{item}]"
+        return message + "."
+    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return f"{source}: {full_key + ': ' if full_key else ''}{first_line}"
+
+
+def _schema_type(full_key: str) -> Any | None:
+    """The declared type of ``full_key`` (``train.lr``, ``train.adam_betas[0]``) in the schema, or None."""
     node: Any = TrainConfig
-    for part in filter(None, parent.split(".")):
-        node = {f.name: f for f in dataclasses.fields(node)}[part].default_factory
+    for part in full_key.split("."):
+        name, _, index = part.partition("[")
+        if not dataclasses.is_dataclass(node):
+            return None
+        node = typing.get_type_hints(node).get(name)
+        if node is None:
+            return None
+        if index:  # a list item
+            node = (typing.get_args(node) or (None,))[0]
+    return node
+
+
+TYPE_NAMES = {int: "an integer", float: "a float", bool: "a boolean (true or false)", str: "a string"}
+LIST_ITEMS = {int: "integers", float: "floats", str: "strings"}
+
+
+def _describe(kind: Any) -> str:
+    args = typing.get_args(kind)
+    if type(None) in args and len(args) == 2:  # X | None
+        return f"{_describe(next(a for a in args if a is not type(None)))} or null"
+    if typing.get_origin(kind) is list:
+        return f"a list of {LIST_ITEMS[args[0]]}" if args and args[0] in LIST_ITEMS else "a list"
+    if typing.get_origin(kind) is dict:
+        return "a mapping (key: value)"
+    return TYPE_NAMES.get(kind, str(kind))
+
+
+def _shown_value(value: Any) -> str:
+    value = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
+    return "null" if value is None else repr(value)
+
+
+def _unknown_key_message(err: ConfigKeyError, source: str) -> str:
+    full_key = str(getattr(err, "full_key", "") or "")
+    parent, _, name = full_key.rpartition(".")
+    node = _schema_type(parent) if parent else TrainConfig
+    if not dataclasses.is_dataclass(node):
+        return f"{source}: unknown key '{full_key}'."
     valid = sorted(f.name for f in dataclasses.fields(node))
     where = f"section '{parent}'" if parent else "the top level"
-    return f"{path or 'config'}: unknown key '{full_key}'; valid keys in {where} are {valid}."
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" Did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
+    return f"{source}: unknown key '{full_key}'; valid keys in {where} are {valid}.{hint}"
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -242,6 +354,40 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("ttt_steps", "chain_depth"):
         if getattr(cfg.loss, name) < 1:
             raise ConfigError(f"loss.{name} must be >= 1, found {getattr(cfg.loss, name)}.")
+    _check_bounds(cfg)
+
+
+def _check_bounds(cfg: TrainConfig) -> None:
+    """Numbers whose meaning has a range: rates and counts are not negative, a fraction is below 1, a rank is at
+    least 1. The bounds follow what each field does: 0 is a valid value where it means "none" (``train.save_every=0``:
+    no checkpoints; ``train.lr=0``: the weights stay as loaded)."""
+    at_least_zero = {
+        "train.lr": cfg.train.lr,
+        "train.warmup_steps": cfg.train.warmup_steps,
+        "train.save_every": cfg.train.save_every,
+        "train.eval_every": cfg.train.eval_every,
+        "train.weight_decay": cfg.train.weight_decay,
+        "train.max_grad_norm": cfg.train.max_grad_norm,  # 0 = no clipping
+        "lora.lr": cfg.lora.lr,
+        "loss.input_noise": cfg.loss.input_noise,
+    }
+    for name, value in at_least_zero.items():
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0, found {value}.")
+    if not 0 <= cfg.data.eval_fraction < 1:
+        raise ConfigError(
+            f"data.eval_fraction must be in [0, 1) (the share of samples held out; 0 = none), found "
+            f"{cfg.data.eval_fraction}."
+        )
+    if cfg.lora.r < 1:
+        raise ConfigError(f"lora.r (the adapters' rank) must be >= 1, found {cfg.lora.r}.")
+    if not 0 <= cfg.lora.dropout < 1:
+        raise ConfigError(f"lora.dropout must be in [0, 1), found {cfg.lora.dropout}.")
+    if cfg.loss.decay <= 0:
+        raise ConfigError(
+            f"loss.decay must be > 0 (head k / step i is weighted decay**k; at 0 only the first one would learn), "
+            f"found {cfg.loss.decay}."
+        )
 
 
 def _normalise_resume(train: TrainSection) -> None:

@@ -121,8 +121,10 @@ def data_main(argv: list[str] | None = None) -> int:
     """Entry point of ``specheads data``; returns the process exit status."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from specheads.target import TargetLoadError
+
     try:
         return _generate(args) if args.command == "generate" else _cache_features(args)
-    except (OSError, ValueError) as error:  # DataError is a ValueError: bad files and settings, said in one line
+    except (OSError, ValueError, TargetLoadError) as error:  # DataError is a ValueError: said in one line
         print(f"specheads data {args.command}: error: {error}", file=sys.stderr)
         return 2

@@ -394,7 +394,7 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         tc.scheduler, optimizer, num_warmup_steps=tc.warmup_steps * n, num_training_steps=tc.max_steps * n
     )
     if len(groups) > 1 and cfg.lora.heads_warmup_steps:
-        scheduler = hold_adapters(scheduler, cfg.lora.heads_warmup_steps * n, tc.warmup_steps * n)
+        scheduler = hold_adapters(scheduler, cfg.lora.heads_warmup_steps, tc.warmup_steps, ticks_per_step=n)
     if accelerator.state.deepspeed_plugin is not None:
         sync_deepspeed_clipping(accelerator.state.deepspeed_plugin.deepspeed_config, tc.max_grad_norm)
     objective, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(

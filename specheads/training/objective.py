@@ -225,20 +225,23 @@ def parameter_groups(objective: nn.Module, lr: float, lora_lr: float) -> list[di
     return groups
 
 
-def hold_adapters(scheduler: LambdaLR, hold: int, ramp: int) -> LambdaLR:
-    """Medusa-2's recipe: the heads train alone for ``hold`` scheduler steps (the adapters' learning rate is 0, so the
-    target is exactly the original), then the adapters join, warming up over ``ramp`` steps. Heads start from
-    scratch, and their early loss would otherwise flow into the target's adapters (Cai et al. 2024, section 2.2.2).
-    ``scheduler`` drives [head group, adapter group]; the head group's schedule is unchanged."""
+def hold_adapters(scheduler: LambdaLR, hold: int, ramp: int, ticks_per_step: int = 1) -> LambdaLR:
+    """Medusa-2's recipe: the heads train alone for ``hold`` optimizer steps (the adapters' learning rate is 0, so
+    the target is exactly the original), then the adapters join, their learning rate rising linearly over ``ramp``
+    steps on top of their schedule. Heads start from scratch, and their early loss would otherwise flow into the
+    target's adapters (Cai et al. 2024, section 2.2.2). ``scheduler`` drives [head group, adapter group] and ticks
+    ``ticks_per_step`` times per optimizer step (Accelerate steps a prepared scheduler once per process); the head
+    group's schedule is unchanged."""
     head_lambda, adapter_lambda = scheduler.lr_lambdas
-    held = partial(_held_back, base=adapter_lambda, hold=hold, ramp=max(1, ramp))
+    held = partial(_held_back, base=adapter_lambda, hold=hold, ramp=max(1, ramp), ticks=ticks_per_step)
     return LambdaLR(scheduler.optimizer, [head_lambda, held])
 
 
-def _held_back(step: int, base: Callable[[int], float], hold: int, ramp: int) -> float:
+def _held_back(tick: int, base: Callable[[int], float], hold: int, ramp: int, ticks: int) -> float:
+    step = tick // ticks  # optimizer steps, whatever the number of processes
     if step < hold:
         return 0.0
-    return base(step) * min(1.0, (step - hold + 1) / ramp)
+    return base(tick) * min(1.0, (step - hold + 1) / ramp)
 
 
 def build_objective(

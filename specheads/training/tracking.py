@@ -1,7 +1,9 @@
 """Experiment tracking through Accelerate's trackers: wandb, tensorboard, or none.
 
 wandb runs offline unless an API key is configured (``WANDB_API_KEY`` or a ``~/.netrc`` entry for api.wandb.ai);
-an explicit ``WANDB_MODE`` wins. The key itself is never read into a log line or printed.
+an explicit ``WANDB_MODE`` wins. The key itself is never read into a log line or printed. wandb's own environment
+settings are kept: ``WANDB_DIR`` places its files (else ``train.output_dir``), and ``WANDB_PROJECT`` names the project
+unless ``train.project`` is given (the schema's default reads it).
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def tracker_setup(cfg: TrainConfig) -> tuple[str | None, dict[str, Any]]:
     if kind == "wandb":
         out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        settings = {"mode": wandb_mode(), "dir": str(out), "name": cfg.train.run_name}
+        settings = {"mode": wandb_mode(), "name": cfg.train.run_name}
+        if not os.environ.get("WANDB_DIR"):  # set: the user's place for wandb's files wins
+            settings["dir"] = str(out)
         return "wandb", {"wandb": {**settings, "id": wandb_run_id(out), "resume": "allow"}}
     return kind, {}
 
@@ -44,9 +48,16 @@ def tracker_setup(cfg: TrainConfig) -> tuple[str | None, dict[str, Any]]:
 WANDB_ID_FILE = "wandb_run_id"
 
 
-def wandb_run_id(output_dir: Path) -> str:
+def wandb_run_id(output_dir: Path) -> str | None:
     """The wandb run id of this output folder: made on its first run and kept in ``wandb_run_id``, so a resumed run
-    logs into the same wandb run instead of starting another."""
+    logs into the same wandb run instead of starting another.
+
+    Only the launch's rank 0 reads or writes the file (it holds the output folder's lock, and its tracker is the only
+    one that starts); the other ranks get None. Were every rank to write, before the process group exists, a rank
+    could replace the id rank 0 had just started its wandb run with, and a resume would start another run.
+    """
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
     path = output_dir / WANDB_ID_FILE
     if path.is_file() and path.read_text().strip():
         return path.read_text().strip()

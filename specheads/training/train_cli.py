@@ -67,14 +67,25 @@ def _exit_with_launcher() -> None:
 
 def train_main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Other ranks log warnings only (transformers' Trainer does the same with log_level_replica): the data summary and
+    # "saved head to ..." are said once, by the launch's rank 0.
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    logging.basicConfig(
+        level=logging.INFO if main_rank else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from specheads.training.checkpoint import refuse_checkpoint_as_head
+
     try:
         cfg = load_config(args.config, list(args.overrides))
         _apply_resume_flag(cfg, list(args.overrides), args.resume)
+        if cfg.head.init_from:  # before the target loads: a checkpoint is the likely mix-up
+            refuse_checkpoint_as_head(cfg.head.init_from, "head.init_from")
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return _error(err)
     from specheads.heads import UnsupportedTargetError
+    from specheads.heads.config import HeadConfigError, HeadLoadError
+    from specheads.heads.hub import HubError
     from specheads.target import TargetLoadError
     from specheads.training.data import DataError
     from specheads.training.loop import train
@@ -85,10 +96,23 @@ def train_main(argv: list[str] | None = None) -> int:
     _exit_with_launcher()
     try:
         result = train(cfg)
-    except (ConfigError, DataError, UnsupportedTargetError, TargetLoadError) as err:  # what to fix, without a traceback
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except (
+        ConfigError,
+        DataError,
+        UnsupportedTargetError,
+        TargetLoadError,
+        HeadLoadError,
+        HeadConfigError,
+        HubError,
+        FileNotFoundError,
+    ) as err:  # what to fix, without a traceback
+        return _error(err)
     if result.finished:
         shown = {k: round(v, 4) for k, v in result.metrics.items() if k.endswith(("tau", "loss")) or "top1" in k}
         logging.getLogger(__name__).info("saved head to %s after %d steps: %s", result.output_dir, result.step, shown)
     return 0
+
+
+def _error(err: Exception) -> int:
+    print(f"specheads train: error: {err}", file=sys.stderr)
+    return 2

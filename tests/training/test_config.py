@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import types
 from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
+from train_helpers import REPO, tiny_overrides
 
 from specheads.training.config import ConfigError, load_config
 from specheads.training.train_cli import train_main
@@ -167,3 +171,98 @@ def test_deepspeed_clipping_follows_train_max_grad_norm():
     sync_deepspeed_clipping(config, 0.5)  # an explicit equal value is fine
     with pytest.raises(ValueError, match=r"gradient_clipping=0.5 but train.max_grad_norm=1.0.*\"auto\""):
         sync_deepspeed_clipping(config, 1.0)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("train:\n  lr: [1, 2\n", r"broken.yaml: not valid YAML: line 3, column 1: did not find expected ',' or '\]'"),
+        ("train:\n  lr: 1\n  lr: 2\n", r"broken.yaml: not valid YAML: line 3, column 3: found duplicate key lr"),
+        ("train:\n\tlr: 1\n", r"broken.yaml: not valid YAML: line 2, column 1: found character that cannot start"),
+        ("- train\n- data\n", r"broken.yaml: expected a mapping of sections at the top level \(target:.*found a list"),
+        ("3\n", r"broken.yaml: expected a mapping of sections at the top level .*found a single value"),
+        ("train:\n  max_step: 3\n", r"broken.yaml: unknown key 'train.max_step'.*Did you mean 'train.max_steps'\?"),
+        ("train:\n  lr: abc\n", r"broken.yaml: train.lr: expected a float, found 'abc'.$"),
+        ("data:\n  paths: chats.jsonl\n", r"data.paths: expected a list of strings, found 'chats.jsonl'; write a YAML"),
+    ],
+    ids=["syntax", "duplicate-key", "tab", "list", "scalar", "unknown-key", "type", "scalar-for-list"],
+)
+def test_broken_config_files_are_one_line_errors_that_say_where(tmp_path, text, expected):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_config(path)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        (
+            "train.max_step=3",
+            r"^command-line override train.max_step=3: unknown key 'train.max_step'; valid keys in section 'train' "
+            r"are \[.*\]. Did you mean 'train.max_steps'\?$",
+        ),
+        ("train.lr=abc", r"^command-line override train.lr=abc: train.lr: expected a float, found 'abc'.$"),
+        ("train.max_steps", r"^command-line override 'train.max_steps': expected KEY=VALUE"),
+        ("=3", r"^command-line override '=3': expected KEY=VALUE"),
+        (
+            "data.paths=foo.jsonl",
+            r"^command-line override data.paths=foo.jsonl: data.paths: expected a list of strings, found 'foo.jsonl'; "
+            r"write data.paths=\[foo.jsonl\].$",
+        ),
+        ("train.eval_batches=all", r"train.eval_batches: expected an integer or null, found 'all'"),
+        ("train.adam_betas=[0.9,x]", r"train.adam_betas\[1\]: expected a float, found 'x'"),
+        ("train.group_by_length=maybe", r"train.group_by_length: expected a boolean \(true or false\), found 'maybe'"),
+        ("train.lr=[1,", r"^command-line override train.lr=\[1,: the value is not valid YAML: line"),
+    ],
+)
+def test_override_errors_name_the_override_not_the_file(override, expected):
+    """The file and the overrides used to be merged at once, so a mistyped override was blamed on the YAML file, and
+    type errors were OmegaConf's multi-line dumps."""
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [override])
+    assert "\n" not in str(info.value) and "smollm2-135m.yaml" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("train.lr=-0.001", r"train.lr must be >= 0, found -0.001"),
+        ("train.warmup_steps=-1", r"train.warmup_steps must be >= 0, found -1"),
+        ("train.save_every=-5", r"train.save_every must be >= 0, found -5"),
+        ("data.eval_fraction=1.0", r"data.eval_fraction must be in \[0, 1\) .*found 1.0"),
+        ("data.eval_fraction=-0.1", r"data.eval_fraction must be in \[0, 1\)"),
+        ("lora.r=0", r"lora.r \(the adapters' rank\) must be >= 1, found 0"),
+        ("loss.decay=0", r"loss.decay must be > 0 .*found 0.0"),
+        ("loss.decay=-0.5", r"loss.decay must be > 0"),
+    ],
+)
+def test_values_out_of_their_range_are_refused(override, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [override])
+
+
+def test_zero_is_valid_where_it_means_none():
+    edges = ["train.lr=0", "train.warmup_steps=0", "train.save_every=0", "data.eval_fraction=0", "lora.r=1"]
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", edges)
+    assert (cfg.train.lr, cfg.train.save_every, cfg.data.eval_fraction) == (0, 0, 0)
+
+
+def test_a_rank_other_than_0_logs_no_data_summary_and_no_saved_head_line(tiny_target_dir, small_chat_file, tmp_path):
+    """With 2 processes every rank logged the data summary and "saved head to ...", rank 0's copy and rank 1's. Rank 1
+    now logs warnings only. One process with RANK=1 is a second rank's view of its logging (the run itself is a
+    world of one)."""
+    out = tmp_path / "run"
+    overrides = ["head.options.num_heads=1", *tiny_overrides(tiny_target_dir, small_chat_file, out, max_steps=1)]
+    command = [
+        sys.executable,
+        str(REPO / "scripts" / "train_heads.py"),
+        "--config",
+        str(CONFIGS / "medusa" / "smollm2-135m.yaml"),
+    ]
+    env = dict(os.environ, RANK="1", OMP_NUM_THREADS="1")
+    done = subprocess.run([*command, *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "model.safetensors").is_file()
+    assert "saved head to" not in done.stderr and "samples:" not in done.stderr, done.stderr[-3000:]

@@ -3,6 +3,7 @@ checkpoints), and a run resumed from a checkpoint without it ends where an unint
 
 from __future__ import annotations
 
+import pytest
 import safetensors
 import safetensors.torch
 import torch
@@ -108,3 +109,29 @@ def test_heads_warmup_must_leave_steps_for_the_adapters():
 
     with pytest.raises(ConfigError, match=r"lora.heads_warmup_steps=5 is not below train.max_steps=5: the adapters"):
         load_config(MEDUSA2, ["train.max_steps=5", "lora.heads_warmup_steps=5"])
+
+
+def test_the_adapters_schedule_counts_optimizer_steps_whatever_the_process_count():
+    """Accelerate ticks a prepared scheduler once per process per optimizer step: the hold and the adapters' ramp
+    after it must come out the same per optimizer step on 1, 2 or 8 processes."""
+    from transformers import get_scheduler
+
+    from specheads.training.objective import hold_adapters
+
+    def adapter_lrs(processes: int, steps: int = 8) -> list[float]:
+        groups = [{"params": [torch.nn.Parameter(torch.zeros(1))], "lr": 1.0} for _ in range(2)]
+        optimizer = torch.optim.AdamW(groups)
+        base = get_scheduler("linear", optimizer, num_warmup_steps=2 * processes, num_training_steps=steps * processes)
+        scheduler = hold_adapters(base, hold=2, ramp=2, ticks_per_step=processes)
+        lrs = []
+        for _ in range(steps):
+            lrs.append(optimizer.param_groups[1]["lr"])
+            optimizer.step()
+            for _ in range(processes):
+                scheduler.step()
+        return lrs
+
+    one = adapter_lrs(1)
+    assert one[:2] == [0.0, 0.0] and one[2] > 0
+    for processes in (2, 8):
+        assert adapter_lrs(processes) == pytest.approx(one, abs=1e-12)

@@ -148,3 +148,27 @@ def test_resume_refuses_settings_the_restored_state_overrides(tiny_target_dir, s
         run(resume="auto", max_steps=1)
     longer = run(resume="auto", max_steps=3, log_every=2, eval_every=3, save_every=2, keep_last=1)
     assert longer.finished and longer.step == 3
+
+
+def test_resume_after_an_upgrade_that_added_a_setting(tiny_target_dir, small_chat_file, tmp_path):
+    """A checkpoint written before a setting existed (lora.heads_warmup_steps came later) lacks it in its saved
+    config. That run ran with the setting's default, so resuming with the default continues it; another value of the
+    new setting, or of any setting it did save, is still refused."""
+    medusa = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+    kw = dict(max_steps=2, batch_size=2, save_every=1)
+
+    def run(*extra, **changes):
+        overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path, **{**kw, **changes})
+        return train(load_config(medusa, ["data.max_samples=16", "head.options.num_heads=1", *overrides, *extra]))
+
+    assert run(stop_after=1).step == 1
+    saved = latest_checkpoint(tmp_path) / "train_config.yaml"
+    text = saved.read_text()
+    assert "  heads_warmup_steps: 0\n" in text
+    saved.write_text(text.replace("  heads_warmup_steps: 0\n", ""))  # as an older specheads wrote it
+    with pytest.raises(ValueError, match=r"differ from the run that wrote it \(lora.heads_warmup_steps: 0 -> 5\)"):
+        run("lora.heads_warmup_steps=5", resume="auto")
+    with pytest.raises(ValueError, match=r"differ from the run that wrote it \(train.batch_size: 2 -> 4\)"):
+        run(resume="auto", batch_size=4)
+    resumed = run(resume="auto")
+    assert resumed.finished and resumed.step == 2

@@ -6,22 +6,23 @@ import json
 import struct
 from pathlib import Path
 
+import pytest
 from train_helpers import REPO, tiny_overrides
 
 from specheads.training.config import load_config
 from specheads.training.loop import train
-from specheads.training.tracking import tracker_setup, wandb_mode
+from specheads.training.tracking import WANDB_ID_FILE, tracker_setup, wandb_mode, wandb_run_id
 
 MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
 
 
-def read_wandb_history(run_file: Path) -> list[dict[str, float]]:
-    """The history rows of a ``run-*.wandb`` file (LevelDB-style log of protobuf ``Record``s, 32 KiB blocks)."""
+def read_wandb_records(run_file: Path) -> list:
+    """The protobuf ``Record``s of a ``run-*.wandb`` file (a LevelDB-style log, 32 KiB blocks)."""
     from wandb.proto import wandb_internal_pb2
 
     data = run_file.read_bytes()
     assert data[:4] == b":W&B", f"{run_file} is not a wandb run file"
-    block, pos, pending, rows = 32 * 1024, 7, b"", []
+    block, pos, pending, records = 32 * 1024, 7, b"", []
     while pos + 7 <= len(data):
         if block - pos % block < 7:  # a record header never straddles a block: the tail is padding
             pos += block - pos % block
@@ -33,11 +34,17 @@ def read_wandb_history(run_file: Path) -> list[dict[str, float]]:
             continue
         record = wandb_internal_pb2.Record()
         record.ParseFromString(pending)
-        if record.WhichOneof("record_type") == "history":
-            rows.append(
-                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            )
-    return rows
+        records.append(record)
+    return records
+
+
+def read_wandb_history(run_file: Path) -> list[dict[str, float]]:
+    """The history rows of a ``run-*.wandb`` file."""
+    return [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+        for record in read_wandb_records(run_file)
+        if record.WhichOneof("record_type") == "history"
+    ]
 
 
 def test_wandb_offline_run_records_the_metrics(tiny_target_dir, small_chat_file, tmp_path, monkeypatch):
@@ -60,6 +67,55 @@ def test_wandb_offline_run_records_the_metrics(tiny_target_dir, small_chat_file,
     assert "eval/tau" in by_step[0] and "eval/top1/head1" in by_step[0]  # the untrained head, before step 1
     assert by_step[2]["eval/tau"] == result.metrics["eval/tau"]
     assert "train/loss" in by_step[1] and "train/lr" in by_step[2]
+
+
+def test_wandb_keeps_wandb_dir_and_wandb_project_from_the_environment(tiny_target_dir, small_chat_file, tmp_path):
+    """WANDB_DIR places wandb's files and WANDB_PROJECT names the project (they were overridden by the output folder
+    and the built-in project name); an explicit train.project still wins over WANDB_PROJECT. A fresh process, as a
+    user's: wandb reads its environment once per process, and an earlier in-process run would have set it."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    overrides = ["train.log_with=wandb", "head.options.num_heads=1"] + tiny_overrides(
+        tiny_target_dir, small_chat_file, out, max_steps=1
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}  # see the SIGTERM test below
+    env.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        OMP_NUM_THREADS="1",
+        WANDB_DIR=str(tmp_path / "wandb-home"),
+        WANDB_PROJECT="from-the-environment",
+    )
+    command = [sys.executable, str(REPO / "scripts" / "train_heads.py"), "--config", str(MEDUSA), *overrides]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (out / "wandb").exists()
+    (run_file,) = (tmp_path / "wandb-home" / "wandb").glob("offline-run-*/run-*.wandb")
+    runs = [r.run for r in read_wandb_records(run_file) if r.WhichOneof("record_type") == "run"]
+    assert runs and {run.project for run in runs} == {"from-the-environment"}
+    assert runs[0].run_id == (out / WANDB_ID_FILE).read_text().strip()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_PROJECT", "from-the-environment")
+        assert load_config(MEDUSA, overrides).train.project == "from-the-environment"
+        assert load_config(MEDUSA, [*overrides, "train.project=mine"]).train.project == "mine"
+
+
+def test_only_the_main_process_writes_the_wandb_run_id(tmp_path, monkeypatch):
+    """Every rank sets up trackers before the process group exists; a rank other than 0 writing its own id could
+    replace the one rank 0 started its wandb run with, and a resume would then start another run."""
+    monkeypatch.setenv("RANK", "1")
+    assert wandb_run_id(tmp_path) is None
+    assert not (tmp_path / WANDB_ID_FILE).exists()
+    monkeypatch.setenv("RANK", "0")
+    first = wandb_run_id(tmp_path)
+    assert first and (tmp_path / WANDB_ID_FILE).read_text().strip() == first
+    monkeypatch.setenv("RANK", "1")
+    assert wandb_run_id(tmp_path) is None and (tmp_path / WANDB_ID_FILE).read_text().strip() == first
+    monkeypatch.delenv("RANK")  # a plain one-process run
+    assert wandb_run_id(tmp_path) == first
 
 
 def test_wandb_is_offline_without_a_key(monkeypatch, tmp_path):
