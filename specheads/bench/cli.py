@@ -69,6 +69,7 @@ class BenchSettings:
     dtype: str = "auto"
     out: str = "runs/bench"
     calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
+    recalibrate: bool = False  # --tree auto: time the target again instead of reading the cached cost curve
     backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
     lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
     lookup_solo: int | str | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches of
@@ -106,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.calibration_prompts,
         help="held-out questions that calibrate --tree auto (round-robin over the measured categories)",
+    )
+    p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="--tree auto: time the target's verify cost again (a cached curve may have been timed on a busy "
+        "machine); the heads' calibration runs on every bench run anyway",
     )
     p.add_argument(
         "--backoff",
@@ -204,7 +211,7 @@ def build_methods(
         priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
         if tree == "auto":
             if curve is None:
-                curve = load_or_measure_cost_curve(target, cache_root())
+                curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate)
                 relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
                 print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
             spec = auto_drafter(head, target, tokenizer, curve, calibration)

@@ -401,6 +401,13 @@ def test_bench_auto_tree_is_cached_for_generate(tiny_llama, tmp_path, monkeypatc
     spec = auto_tree_drafter(head, head_dir, tiny_llama, WordTokenizer(), tmp_path / "cache", log=lines.append)
     assert lines == [] and spec.tree.startswith("auto, cached from specheads bench on 2 held-out questions:")
     assert spec.auto is not None and spec.auto.choices == cached_choice(path)
+    (curve,) = (tmp_path / "cache" / "cost_model").glob("*.json")
+    stamp = curve.stat().st_mtime_ns
+    build_methods(settings, tiny_llama, WordTokenizer(), prompts, "2 held-out questions")
+    assert curve.stat().st_mtime_ns == stamp  # the cached curve is read
+    settings.recalibrate = True  # --recalibrate: a curve timed on a busy machine is timed again
+    build_methods(settings, tiny_llama, WordTokenizer(), prompts, "2 held-out questions")
+    assert curve.stat().st_mtime_ns != stamp
 
 
 def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, monkeypatch):
@@ -414,7 +421,7 @@ def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, mon
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     # a fixed cost curve, not this machine's measured one: under load that can make plain decoding win, and a head
     # with no tree has no +lookup-solo method (the measurement itself is tested above)
-    monkeypatch.setattr("specheads.bench.cli.load_or_measure_cost_curve", lambda target, cache_dir: SLOW_FLAT)
+    monkeypatch.setattr("specheads.bench.cli.load_or_measure_cost_curve", lambda target, cache_dir, **_: SLOW_FLAT)
     head_dir = tmp_path / "draft"
     DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).save_pretrained(head_dir)
     settings = BenchSettings(heads=[str(head_dir)], trees=["auto"], methods=[], lookup_branch=4, lookup_solo="auto")
