@@ -121,7 +121,7 @@ class TrainSection:
     max_grad_norm: float = 1.0
     mixed_precision: str = "auto"  # auto: the launch config's (`accelerate launch`), else no
     eval_every: int = 100
-    eval_batches: int | None = None  # None = the whole held-out split
+    eval_batches: int | None = None  # None = the whole held-out split; counts batches of all processes together
     save_every: int = 0  # 0 = no intermediate checkpoints
     keep_last: int = 2
     resume: str = "no"  # no | auto (latest checkpoint in output_dir) | a checkpoint directory

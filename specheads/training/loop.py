@@ -246,19 +246,37 @@ def _with_tau(metrics: dict[str, float], prefix: str) -> dict[str, float]:
 
 
 def evaluate(accelerator, objective, loader, features: FeatureSource, max_batches: int | None):
-    """Held-out per-head/per-step accuracy, loss, and the simulated chain tau."""
+    """Held-out per-head/per-step accuracy, loss, and the simulated chain tau. ``max_batches`` counts batches of
+    all processes together (each evaluates its share, rounded up)."""
     objective.eval()
     totals: Stats = {}
+    per_process = None if max_batches is None else math.ceil(max_batches / accelerator.num_processes)
     with torch.no_grad():
         for index, batch in enumerate(loader):
-            if max_batches is not None and index >= max_batches:
+            if per_process is not None and index >= per_process:
                 break
-            loss, stats = objective(*features(batch), 0)
+            rows = batch[0] if isinstance(batch, tuple) else batch  # offline: (batch dict, features)
+            repeated = repeated_eval_rows(accelerator, rows["loss_mask"].shape[0])
+            rows["loss_mask"][rows["loss_mask"].shape[0] - repeated :] = 0  # in no loss and no statistic
+            loss, stats = objective(*features(batch), 0)  # every process runs it: ZeRO-3/FSDP gather weights
             stats["loss"] = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)])
+            if repeated == rows["loss_mask"].shape[0]:  # nothing real here; same keys on every rank for the reduce
+                stats = {name: torch.zeros_like(value) for name, value in stats.items()}
             add_stats(totals, stats)
     objective.train()
     metrics = {f"eval/{k}": v for k, v in _reduce_stats(accelerator, totals).items()}
     return _with_tau(metrics, "eval/")
+
+
+def repeated_eval_rows(accelerator: Accelerator, rows: int) -> int:
+    """How many trailing rows of this process's eval batch repeat samples already evaluated. With several processes
+    Accelerate completes the last round of batches with samples from the start of the split (``even_batches``, so
+    that every process runs each forward); its ``gradient_state.remainder`` says how many rows of that global batch
+    (this process's rows sit at ``process_index * rows``) are real, as ``gather_for_metrics`` reads it."""
+    state = accelerator.gradient_state
+    if accelerator.num_processes == 1 or not state.end_of_dataloader or state.remainder <= 0:
+        return 0
+    return rows - min(rows, max(0, state.remainder - accelerator.process_index * rows))
 
 
 def _datasets(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any, Any]:

@@ -38,6 +38,7 @@ def main() -> None:
         "distributed_type": str(state.distributed_type),
         "metrics": result.metrics,
         "eval_steps": [h["step"] for h in result.history],  # a resumed run has no step-0 eval
+        "history": result.history,
     }
     Path(result_dir, f"rank{state.process_index}.json").write_text(json.dumps(record))
 

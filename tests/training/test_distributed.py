@@ -79,6 +79,25 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     load_head(out, target)
 
 
+
+def test_eval_over_two_processes_counts_each_held_out_sample_once(tiny_target_dir, small_chat_file, tmp_path):
+    """10 held-out samples in batches of 4 over 2 processes: Accelerate completes the last round with 6 samples from
+    the start of the split, which must not count twice. The untrained head's step-0 metrics equal one process's."""
+    from specheads.training.config import load_config
+    from specheads.training.loop import train
+
+    config = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "two" / "run", max_steps=1, eval_every=1)
+    overrides += ["data.eval_size=10", "train.mixed_precision=no"]
+    two = _launch("cpu-2proc.yaml", "medusa", tmp_path / "two", overrides, ACCELERATE_USE_CPU="1")
+    one = train(load_config(config, [*overrides, f"train.output_dir={tmp_path / 'one'}"]))
+    two_step0, one_step0 = two[0]["history"][0], one.history[0]
+    assert two_step0["step"] == one_step0["step"] == 0
+    assert two_step0.keys() == one_step0.keys()
+    for name in ("eval/top1/head1", "eval/top1/head2", "eval/top1/head3", "eval/tau"):
+        assert two_step0[name] == pytest.approx(one_step0[name], rel=1e-6), name
+
+
 def test_fsdp2_on_two_cpu_processes_matches_ddp_and_resumes(tiny_target_dir, small_chat_file, tmp_path):
     """configs/accelerate/fsdp.yaml with torch's FSDP2 sharding the head over two CPU processes (Accelerate's
     accelerator-only gate lifted in launch_train.py): the same data and seed end at the weights DDP reaches, the
