@@ -79,7 +79,6 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     load_head(out, target)
 
 
-
 def test_eval_over_two_processes_counts_each_held_out_sample_once(tiny_target_dir, small_chat_file, tmp_path):
     """10 held-out samples in batches of 4 over 2 processes: Accelerate completes the last round with 6 samples from
     the start of the split, which must not count twice. The untrained head's step-0 metrics equal one process's."""
