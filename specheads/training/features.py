@@ -120,6 +120,14 @@ def shard_path(out_dir: Path, shard: int) -> Path:
     return out_dir / f"shard-{shard:05d}.safetensors"
 
 
+def _same_setting(name: str, old: Any, new: Any) -> bool:
+    """Whether a partial cache's recorded setting is the one asked for now. The target record gains fields over
+    versions (its weight probe): a field the cache predates is not a difference."""
+    if name == "target" and isinstance(old, dict) and isinstance(new, dict):
+        return old == {key: value for key, value in new.items() if key in old}
+    return old == new
+
+
 def _dataset_digest(dataset: Any) -> str:
     """A content hash of the token ids, so resuming into a cache made from other data is an error."""
     digest = hashlib.sha1()
@@ -215,7 +223,7 @@ def cache_features(
     meta_path = out_dir / "meta.json"
     if meta_path.exists():
         previous = json.loads(meta_path.read_text())
-        changed = sorted(k for k in settings if previous.get(k) != settings[k])
+        changed = sorted(k for k in settings if not _same_setting(k, previous.get(k), settings[k]))
         if changed:
             raise ValueError(
                 f"{out_dir} holds a cache made with other settings or data ({', '.join(changed)} differ); "

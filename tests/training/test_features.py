@@ -113,6 +113,13 @@ def test_cache_resumes_missing_shards_and_refuses_other_settings(smollm2, sample
     assert torch.equal(CachedFeatureDataset(tmp_path)[2]["input_ids"], torch.tensor(samples[2]["input_ids"]))
     with pytest.raises(ValueError, match="other settings or data.*topk"):
         cache_features(model, samples, [30], tmp_path, topk=4, shard_size=1)
+    # a cache begun by a version whose target record had no weight probe resumes too
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    del meta["target"]["weight_probe"]
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    dropped.unlink()
+    cache_features(model, samples, [30], tmp_path, with_logits=False, shard_size=1)
+    assert dropped.exists() and json.loads((tmp_path / "meta.json").read_text())["target"]["weight_probe"]
 
 
 def test_a_wrong_layer_id_leaves_the_cache_folder_usable(smollm2, samples, tmp_path):
