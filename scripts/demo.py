@@ -1,4 +1,4 @@
-"""``make demo``: train an EAGLE-3 head for SmolLM2 on committed data and benchmark it. No arguments."""
+"""``make demo``: train an EAGLE-3 head for SmolLM2 on committed data and benchmark it. Optional: --questions PATH."""
 
 import sys
 

@@ -1,5 +1,6 @@
 """``make demo``: train an EAGLE-3 head for SmolLM2-135M-Instruct on committed self-distilled data, benchmark it
-against plain ``generate`` on a few Spec-Bench prompts, and print how to generate with it. No arguments.
+against plain ``generate`` on a few Spec-Bench prompts, and print how to generate with it.
+Optional: ``--questions PATH`` (Spec-Bench's question.jsonl).
 
 The data step is already done: ``data/smollm2-135m-instruct-greedy-1k.jsonl`` holds 1,000 conversations whose
 answers are SmolLM2's own greedy outputs (self-distillation; ~30 minutes to regenerate on a 2-core CPU, see

@@ -177,9 +177,6 @@ def _tied_aliases(head: DraftHead, saved: set[str]) -> set[str]:
     return {name for names in groups.values() if len(names) > 1 and saved & set(names) for name in names}
 
 
-"""Medusa-2 saves the target's LoRA adapter (a peft folder) in this subfolder of the head folder."""
-
-
 def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -> PreTrainedModel:
     """Merge a Medusa-2 LoRA adapter saved beside a head (a folder or a Hub id) into ``target`` and return the
     merged, frozen model.

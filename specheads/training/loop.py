@@ -560,8 +560,7 @@ def _check_world(accelerator: Accelerator) -> None:
         raise RuntimeError(
             f"launched {_launched_world()} processes (WORLD_SIZE) but Accelerate formed a group of "
             f"{accelerator.num_processes} ({accelerator.distributed_type}); expected one group of all of them. On a "
-            "machine without a GPU, launch with a MULTI_GPU config and ACCELERATE_USE_CPU=1 "
-            "(configs/accelerate/cpu-2proc.yaml), or DeepSpeed."
+            "machine without a GPU, launch with configs/accelerate/cpu-2proc.yaml or a DeepSpeed config."
         )
 
 
