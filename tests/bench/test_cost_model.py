@@ -301,8 +301,17 @@ def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_w
     assert again.tree.startswith(f"auto, cached from {len(BUILTIN_CALIBRATION_PROMPTS)} built-in prompts:")
     assert (again.drafter is None) == (first.drafter is None) == (first.auto.num_nodes == 0)
 
+    (curve,) = (cache / "cost_model").glob("*.json")
+    stamp = curve.stat().st_mtime_ns
     auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, recalibrate=True, log=lines.append)
-    assert any("calibrating" in x for x in lines)
+    assert any("calibrating" in x for x in lines)  # the head again, and the target's cost curve too (a curve timed
+    assert any("timing the target" in x for x in lines) and curve.stat().st_mtime_ns != stamp  # on a busy machine)
+    lines.clear()
+    auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
+    path.unlink()  # no cached tree: calibrate the head, but read the cached curve
+    lines.clear()
+    auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
+    assert any("the target's cost curve on cpu-" in x for x in lines) and not any("timing" in x for x in lines)
 
     path.write_text("{not json")  # a damaged cache entry is measured again, not an error
     lines.clear()

@@ -133,10 +133,6 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     assert fourth.out == first.out and len(list((cache / "auto_trees").glob("*.json"))) == 1
     assert generate_main(common) == 0
     assert capsys.readouterr().out == first.out
-    (curve,) = (cache / "cost_model").glob("*.json")
-    stamp = curve.stat().st_mtime_ns
-    assert generate_main([*common, "--tree", "auto", "--recalibrate"]) == 0  # a curve timed on a busy machine
-    assert "timing the target" in capsys.readouterr().err and curve.stat().st_mtime_ns != stamp
     for bad, message in [
         (["--tree", "chain:2"], "--tree chain:2 and --recalibrate need --head"),
         (["--acceptance", "greedy", "--temperature", "0.7"], "--acceptance greedy keeps the target's argmax"),
@@ -208,7 +204,13 @@ def test_ctrl_c_and_a_closed_pipe_end_generate_without_a_traceback():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for how in ("sigint", "close"):
         proc = subprocess.Popen(
-            [*argv, "--max-new-tokens", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+            [*argv, "--max-new-tokens", "200"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            # as from a terminal: CI runners and background jobs start with SIGINT ignored, which a child inherits
+            # (and Python then installs no KeyboardInterrupt handler)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         first = proc.stdout.read(10)
         assert len(first) == 10
