@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from tiny_models import save_tiny_target
 
 from specheads.cli import main
 
@@ -26,23 +25,8 @@ DISTILL = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
 def files(tmp_path_factory) -> dict[str, Path]:
     """A tiny target (SmolLM2's tokenizer, hidden 64), a small chat file, a prompt and a question file, and a run
     trained on them for 2 steps with a checkpoint at step 2."""
-    from specheads.target import builtin_cache_dir, ensure_builtin_converted
-
     root = tmp_path_factory.mktemp("cli-errors")
-    ensure_builtin_converted("smollm2-135m-instruct")
-    tokenizer = AutoTokenizer.from_pretrained(builtin_cache_dir("smollm2-135m-instruct"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).save_pretrained(root / "target")
-    tokenizer.save_pretrained(root / "target")
+    save_tiny_target(root / "target")
     chats = root / "chats.jsonl"
     with DISTILL.open() as source:
         chats.write_text("".join(line for line, _ in zip(source, range(24))))

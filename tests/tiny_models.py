@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -47,3 +49,28 @@ def in_local_hub_cache(folder, repo_id: str, monkeypatch) -> str:
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     return repo_id
+
+
+def save_tiny_target(out: Path, num_layers: int = 2) -> Path:
+    """A tiny random Llama (hidden 64) with SmolLM2's tokenizer and chat template, saved to ``out`` so that it loads
+    by path in any process (training launches, CLI runs)."""
+    from transformers import AutoTokenizer
+
+    from specheads.target import builtin_cache_dir, ensure_builtin_converted
+
+    ensure_builtin_converted("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(builtin_cache_dir("smollm2-135m-instruct"))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

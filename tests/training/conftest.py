@@ -11,9 +11,8 @@ import itertools
 from pathlib import Path
 
 import pytest
-import torch
+from tiny_models import save_tiny_target
 from train_helpers import REPO
-from transformers import LlamaConfig, LlamaForCausalLM
 
 DISTILL = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"  # committed self-distilled set (data/README.md)
 
@@ -33,35 +32,12 @@ def small_chat_file(tmp_path_factory, distill_path) -> Path:
     return out
 
 
-def _save_tiny_target(out: Path, num_layers: int) -> Path:
-    from specheads.target import builtin_cache_dir, ensure_builtin_converted
-
-    ensure_builtin_converted("smollm2-135m-instruct")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(builtin_cache_dir("smollm2-135m-instruct"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory) -> Path:
-    return _save_tiny_target(tmp_path_factory.mktemp("tiny-target"), num_layers=4)
+    return save_tiny_target(tmp_path_factory.mktemp("tiny-target"), num_layers=4)
 
 
 @pytest.fixture(scope="session")
 def tiny_two_layer_target_dir(tmp_path_factory) -> Path:
     """The tiny target with 2 layers: fewer than EAGLE-3's default low layer index, and another layer count."""
-    return _save_tiny_target(tmp_path_factory.mktemp("tiny-target-2"), num_layers=2)
+    return save_tiny_target(tmp_path_factory.mktemp("tiny-target-2"), num_layers=2)
