@@ -4,7 +4,9 @@ Real target (SmolLM2-135M-Instruct), chat-templated Spec-Bench prompts (tests/de
 questions: MT-bench categories, translation, summarization, QA, math reasoning), 64 new tokens each. Drafters are
 untrained or random: correctness must not depend on draft quality.
 
-CI budget (2 CPU cores): every prompt's greedy baseline is computed once per session and shared. Every drafter
+CI budget (2 CPU cores): every prompt's greedy baseline is computed once per test run, by whichever pytest-xdist
+worker gets to it first, and shared with the others through files (a worker that waits for a baseline computes a
+missing one meanwhile). Every drafter
 runs on at least 20 prompts with its default tree: prompt lookup (chain) on all 22, Medusa on a static tree,
 EAGLE-1 and EAGLE-3 on dynamic trees and a 4-layer truncated draft model (adaptive chain) on 20. The chain
 variants of Medusa and EAGLE-3, EAGLE-3's tree with a prompt-lookup branch and EAGLE-1's with a branch that
@@ -14,11 +16,13 @@ proposes alone where it matches, run on 5 prompts spread over the categories.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock, Timeout
 
 from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
@@ -39,16 +43,54 @@ TWENTY = [i for i in range(len(PROMPTS)) if i not in (3, 13)][:20]  # two of the
 
 
 @pytest.fixture(scope="session")
-def greedy_baseline(smollm2):
-    """prompt index -> (chat-templated ids (T,), greedy new ids from target.generate), computed once per session."""
+def greedy_baseline(smollm2, tmp_path_factory, worker_id) -> Callable[[int], tuple[torch.Tensor, list[int]]]:
+    """prompt index -> (chat-templated ids (T,), greedy new ids from target.generate), computed once per test run.
+
+    With xdist, each baseline is written to a folder all workers of this run share (the parent of each worker's base
+    temp folder), under a per-prompt file lock, so no two workers spend ~5 s of CPU on the same prompt. A worker that
+    finds its prompt being computed elsewhere computes a missing one from the other end of the list meanwhile."""
     model, tokenizer = smollm2
+    base = tmp_path_factory.getbasetemp()
+    folder = (base if worker_id == "master" else base.parent) / "greedy-baselines"
+    folder.mkdir(exist_ok=True)
+
+    def prompt_ids(index: int) -> torch.Tensor:  # (1, T)
+        messages = [{"role": "user", "content": PROMPTS[index]}]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"]
+
+    def result_file(index: int) -> Path:
+        return folder / f"{index}.json"
+
+    def compute_unless_claimed(index: int) -> bool:
+        """Compute and write prompt `index`'s baseline unless another worker holds it; False if one does."""
+        lock = FileLock(folder / f"{index}.lock")
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return False
+        try:
+            if not result_file(index).exists():
+                ids = prompt_ids(index)
+                out = model.generate(
+                    ids, do_sample=False, max_new_tokens=MAX_NEW_TOKENS, attention_mask=torch.ones_like(ids)
+                )
+                partial = folder / f"{index}.json.partial"
+                partial.write_text(json.dumps(out[0, ids.shape[1] :].tolist()))
+                partial.replace(result_file(index))  # readers never see a half-written file
+        finally:
+            lock.release()
+        return True
 
     @cache
     def baseline(index: int) -> tuple[torch.Tensor, list[int]]:
-        messages = [{"role": "user", "content": PROMPTS[index]}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")["input_ids"]
-        out = model.generate(ids, do_sample=False, max_new_tokens=MAX_NEW_TOKENS, attention_mask=torch.ones_like(ids))
-        return ids[0], out[0, ids.shape[1] :].tolist()
+        while not result_file(index).exists():
+            if compute_unless_claimed(index):
+                break
+            missing = [j for j in reversed(range(len(PROMPTS))) if not result_file(j).exists()]
+            if not any(compute_unless_claimed(j) for j in missing if j != index):
+                with FileLock(folder / f"{index}.lock"):  # nothing else to do: wait for the worker computing it
+                    pass
+        return prompt_ids(index)[0], json.loads(result_file(index).read_text())
 
     return baseline
 
