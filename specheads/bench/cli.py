@@ -24,7 +24,7 @@ from specheads.bench.questions import (
     load_questions,
     select_per_category,
 )
-from specheads.bench.report import OVERALL, aggregate, write_report
+from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_available, write_report
 from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.decoding.cli import resolve_head_argument
 from specheads.decoding.cost_model import CostCurve, load_or_measure_cost_curve
@@ -48,6 +48,8 @@ BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "spech
 ``generate`` is loop overhead, not drafting, so a head's speedup over it is what its drafts alone buy."""
 
 DEFAULT_CALIBRATION_DATA = Path(__file__).resolve().parents[2] / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
+"""The chats ``--tree auto`` calibrates on when too few questions are left unmeasured. It is in the repository's
+checkout, not in an installed wheel: there ``--calibration-data`` names a file."""
 
 
 @dataclass
@@ -69,6 +71,7 @@ class BenchSettings:
     dtype: str = "auto"
     out: str = "runs/bench"
     calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
+    calibration_data: str | None = None  # chats for --tree auto when too few questions are held out (default: data/)
     recalibrate: bool = False  # --tree auto: time the target again instead of reading the cached cost curve
     backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
     lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
@@ -107,6 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.calibration_prompts,
         help="held-out questions that calibrate --tree auto (round-robin over the measured categories)",
+    )
+    p.add_argument(
+        "--calibration-data",
+        default=None,
+        metavar="FILE",
+        help="--tree auto: JSONL chats (a 'messages' list each, as `specheads data generate` writes) whose first user "
+        "turns calibrate the heads when the question file has too few unmeasured questions (default: "
+        f"data/{DEFAULT_CALIBRATION_DATA.name} in a checkout of the repository)",
     )
     p.add_argument(
         "--recalibrate",
@@ -198,6 +209,11 @@ def build_methods(
     trees = settings.trees or ["auto"]
     if len(trees) not in (1, len(settings.heads)):
         raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
+    if not calibration and any(trees[i if len(trees) > 1 else 0] == "auto" for i in range(len(settings.heads))):
+        # auto_drafter would choose (and cache for specheads generate) a tree from no acceptance at all
+        raise ValueError(
+            "--tree auto needs calibration prompts and got none; pass --calibration-data FILE, or a fixed --tree"
+        )
     curve = None
     for i, head_arg in enumerate(settings.heads):
         head_dir = resolve_head_folder(head_arg)  # a Hub id is fetched once; everything below reads this folder
@@ -271,20 +287,70 @@ def _specheads(
     return specheads_method(name, target, tokenizer, spec.drafter, acceptance, f"specheads, {what}", extra, backoff)
 
 
+def calibration_data_file(settings: BenchSettings) -> Path | None:
+    """``--calibration-data``, else the repository's self-distilled data where it exists (a checkout, not a wheel)."""
+    if settings.calibration_data:
+        path = Path(settings.calibration_data)
+        if not path.is_file():
+            raise FileNotFoundError(f"--calibration-data {path}: no such file; expected JSONL chats with 'messages'")
+        return path
+    return DEFAULT_CALIBRATION_DATA if DEFAULT_CALIBRATION_DATA.is_file() else None
+
+
+def check_calibration_source(
+    settings: BenchSettings, held_out: list[Question], measured: int, questions_path: Path
+) -> None:
+    """``--tree auto`` with nothing to calibrate on fails before the target loads, not with a tree chosen from no
+    data (recorded as ``question_ids: []`` and cached for ``specheads generate``)."""
+    if not any(tree == "auto" for tree in settings.trees or ["auto"]) or not settings.heads:
+        return
+    if settings.calibration_prompts < 1:
+        raise ValueError(f"--tree auto calibrates on --calibration-prompts N >= 1, got {settings.calibration_prompts}")
+    if held_out or calibration_data_file(settings) is not None:
+        return
+    raise ValueError(
+        f"--tree auto calibrates each head on questions that are not measured, and {questions_path} has none left "
+        f"after the {measured} measured ones; the fallback data/{DEFAULT_CALIBRATION_DATA.name} exists only in a "
+        "checkout of the repository. Pass --calibration-data FILE (JSONL chats, as `specheads data generate` writes "
+        "them), a question file with more questions, a lower --per-category, or a fixed --tree (e.g. chain:3)."
+    )
+
+
 def calibration_prompts(
-    tokenizer: PreTrainedTokenizerBase, count: int, device: torch.device, held_out: list[Question]
+    tokenizer: PreTrainedTokenizerBase,
+    count: int,
+    device: torch.device,
+    held_out: list[Question],
+    data: Path | None = DEFAULT_CALIBRATION_DATA,
 ) -> tuple[list[torch.Tensor], str, list[int]]:
-    """Prompts for ``--tree auto``: Spec-Bench questions that are not measured (``held_out``), else user turns from
-    the committed self-distilled data. The heads were trained on that data, so it overstates their acceptance (EAGLE-3:
-    expected tau 1.43 there, 1.29 measured on Spec-Bench); held-out questions from the benchmark's own distribution
-    do not. Returns the prompts, where they came from, and the ids of the questions used (none for the data)."""
+    """Prompts for ``--tree auto``: Spec-Bench questions that are not measured (``held_out``), else the first user
+    turns of the chats in ``data`` (by default the committed self-distilled data). The heads were trained on that
+    data, so it overstates their acceptance (EAGLE-3: expected tau 1.43 there, 1.29 measured on Spec-Bench); held-out
+    questions from the benchmark's own distribution do not. Returns the prompts, where they came from, and the ids of
+    the questions used (none for the data)."""
     used = held_out[:count]
     texts, source = [q.prompt for q in used], "held-out Spec-Bench questions (not measured)"
-    if len(texts) < count and DEFAULT_CALIBRATION_DATA.is_file():
-        used, source = [], f"{DEFAULT_CALIBRATION_DATA.name} (training data)"
-        with DEFAULT_CALIBRATION_DATA.open() as f:
-            texts = [json.loads(line)["messages"][0]["content"] for line, _ in zip(f, range(count))]
+    if len(texts) < count and data is not None and data.is_file():
+        used, source = [], f"{data.name} ({'training data' if data == DEFAULT_CALIBRATION_DATA else 'chats'})"
+        texts = _first_user_turns(data, count)
     return [render_prompt(tokenizer, t, device)[0] for t in texts], source, [q.question_id for q in used]
+
+
+def _first_user_turns(path: Path, count: int) -> list[str]:
+    texts = []
+    with path.open() as f:
+        for number, line in enumerate(f, 1):
+            if len(texts) == count:
+                break
+            try:
+                messages = json.loads(line)["messages"]
+                texts.append(next(m["content"] for m in messages if m["role"] == "user"))
+            except (json.JSONDecodeError, KeyError, TypeError, StopIteration):
+                raise ValueError(
+                    f"{path}, line {number}: expected a JSON chat with a 'messages' list holding a user turn "
+                    '({"messages": [{"role": "user", "content": ...}, ...]})'
+                ) from None
+    return texts
 
 
 def run_bench(
@@ -300,16 +366,17 @@ def run_bench(
     for option, folder in [*(("--head", h) for h in settings.heads), ("--assistant", settings.assistant)]:
         if folder:
             resolve_head_argument(folder, option)
+    questions = select_per_category(every_question, settings.per_category, settings.categories)
+    held_out = held_out_questions(every_question, questions, settings.calibration_prompts)
+    check_calibration_source(settings, held_out, len(questions), questions_path)
     if target is None or tokenizer is None:
         from specheads.target import load_target
 
         target, tokenizer = load_target(settings.target, dtype=dtype, device=device)
     device, dtype = target.device, next(target.parameters()).dtype
-    questions = select_per_category(every_question, settings.per_category, settings.categories)
     prompts = [(q, render_prompt(tokenizer, q.prompt, device)) for q in questions]
-    held_out = held_out_questions(every_question, questions, settings.calibration_prompts)
     calibration, calibration_source, calibration_ids = calibration_prompts(
-        tokenizer, settings.calibration_prompts, device, held_out
+        tokenizer, settings.calibration_prompts, device, held_out, calibration_data_file(settings)
     )
     methods = build_methods(settings, target, tokenizer, calibration, calibration_source)
     records = run_benchmark(
@@ -359,6 +426,8 @@ def bench_main(argv: list[str] | None = None) -> int:
         )
     settings = BenchSettings(**{k: v for k, v in vars(args).items()})
     settings.trees = settings.trees or ["auto"]
+    if not plots_available():  # said before the measurement too, not only after it
+        print(f"note: {PLOTS_MISSING}", file=sys.stderr)
     try:
         report, paths = run_bench(settings)
     except (ValueError, HeadLoadError, HubError, TargetLoadError, FileNotFoundError) as error:

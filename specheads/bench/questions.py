@@ -83,15 +83,22 @@ def held_out_questions(questions: list[Question], measured: list[Question], coun
     return chosen
 
 
+def checkout_root() -> Path | None:
+    """The repository root when specheads runs from a checkout (an editable install); None when it is installed from
+    a wheel, which ships the package only: ``data/``, ``configs/`` and ``scripts/`` come with a checkout."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
 def find_default_questions(repo_root: Path | None = None) -> Path:
     """``../shared/data/spec_bench/question.jsonl`` next to the repository (or the current directory)."""
-    roots = [repo_root] if repo_root is not None else []
-    roots += [Path.cwd(), Path(__file__).resolve().parents[2]]
+    roots = list(dict.fromkeys(root for root in (repo_root, Path.cwd(), checkout_root()) if root is not None))
     for root in roots:
         candidate = (root / DEFAULT_QUESTIONS).resolve()
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(
-        f"no Spec-Bench question file at {DEFAULT_QUESTIONS} relative to {[str(r) for r in roots]}; "
-        "pass --questions PATH"
+        f"no Spec-Bench question file at {DEFAULT_QUESTIONS} relative to {[str(r) for r in roots]} (the project's "
+        "machines keep it next to a checkout of the repository; it is not part of the package); pass --questions "
+        "PATH to Spec-Bench's question.jsonl (https://github.com/hemingkx/Spec-Bench)"
     )

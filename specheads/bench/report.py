@@ -2,7 +2,8 @@
 
 speedup = baseline seconds per token / method seconds per token over the same prompts. At T=0 lossless methods
 produce the baseline's tokens, so this is exactly baseline time / method time; at T>0 outputs differ in length and
-per-token time is the fair comparison.
+per-token time is the fair comparison. The plots need matplotlib (the ``plots`` extra); without it the JSON and
+markdown are still written.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,18 @@ from specheads.bench.methods import Method
 from specheads.bench.runner import Record, process_peak_rss_mb
 
 OVERALL = "overall"
+PLOTS = {"speedup_png": "speedup.png", "acceptance_png": "acceptance.png"}
+PLOTS_INSTALL = "pip install 'specheads[plots]'"
+PLOTS_MISSING = f"matplotlib is not installed, so the plots ({', '.join(PLOTS.values())}) are skipped; {PLOTS_INSTALL}"
+
+
+def plots_available() -> bool:
+    """Whether matplotlib, which only the plots need, can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def summarize(records: list[Record]) -> dict[str, Any]:
@@ -197,7 +211,7 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     ax.set_ylabel(f"speedup over {report['baseline']}")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    paths = [out_dir / "speedup.png"]
+    paths = [out_dir / PLOTS["speedup_png"]]
     fig.savefig(paths[0], dpi=120)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -213,25 +227,31 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     else:  # e.g. every head's auto tree was the root alone: plain decoding, nothing drafted to accept
         ax.text(0.5, 0.5, "no method drafted a tree", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
-    paths.append(out_dir / "acceptance.png")
+    paths.append(out_dir / PLOTS["acceptance_png"])
     fig.savefig(paths[1], dpi=120)
     plt.close(fig)
     return paths
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
-    """Write ``results.json``, ``results.md`` and the plots into ``out_dir``; returns the paths. All four are made in
-    a temporary folder first and then renamed into place, so a run killed while writing them does not leave the new
-    numbers beside an earlier run's plots."""
+    """Write ``results.json``, ``results.md`` and the plots into ``out_dir``; returns the paths. All are made in a
+    temporary folder first and then renamed into place, so a run killed while writing them does not leave the new
+    numbers beside an earlier run's plots. Without matplotlib the plots are skipped with a warning (and an earlier
+    run's are removed); the numbers are always written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    names = {"json": "results.json", "markdown": "results.md"}
     with tempfile.TemporaryDirectory(prefix=".report-", dir=out_dir) as tmp:
         staged = Path(tmp)
         (staged / "results.json").write_text(json.dumps(report, indent=2))
         (staged / "results.md").write_text(markdown_report(report))
-        plot_report(report, staged)
-        names = {"json": "results.json", "markdown": "results.md"}
-        names.update(speedup_png="speedup.png", acceptance_png="acceptance.png")
+        if plots_available():
+            plot_report(report, staged)
+            names.update(PLOTS)
+        else:
+            warnings.warn(PLOTS_MISSING, stacklevel=2)
+            for name in PLOTS.values():
+                (out_dir / name).unlink(missing_ok=True)
         for name in names.values():
             os.replace(staged / name, out_dir / name)
     return {key: out_dir / name for key, name in names.items()}

@@ -7,7 +7,6 @@ method's output must equal it token for token.
 from __future__ import annotations
 
 import math
-import resource
 import sys
 from dataclasses import dataclass
 
@@ -38,8 +37,12 @@ def peak_memory_mb(device: torch.device) -> float | None:
     return None
 
 
-def process_peak_rss_mb() -> float:
-    """This process's peak resident memory so far (never reset)."""
+def process_peak_rss_mb() -> float | None:
+    """This process's peak resident memory so far (never reset); None on Windows, which lacks ``resource``."""
+    try:
+        import resource  # Unix only: imported here so that the benchmark also runs elsewhere
+    except ImportError:
+        return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
 

@@ -4,8 +4,9 @@
 
 Tree settings: ``auto`` (every head type: the tree the cost model expects to be fastest on this device for this
 head, calibrated once on built-in prompts and cached, ``decoding.drafters.auto_tree_drafter``); a tree file or the
-name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D`` (every head type: one path of D
-tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes kept).
+name of one shipped in ``specheads/decoding/trees/`` (Medusa, static); ``chain`` or ``chain:D`` (every head type:
+one path of D tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes
+kept).
 No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram drafter;
 ``--lookup-branch N`` adds up to N prompt-lookup tokens to the head's tree (``specheads.decoding.lookup_branch``);
 ``--lookup-solo M`` with it proposes the lookup chain alone on steps whose match is at least M tokens (``auto``, with
@@ -197,8 +198,8 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
                 with warnings.catch_warnings():  # the note below says it in the CLI's words
                     warnings.filterwarnings("ignore", message="the default EAGLE tree")
                     spec = fixed_drafter(head, args.tree)
-            except ValueError as error:
-                parser.error(f"--tree: {error}")
+            except ValueError as error:  # a default tree that does not fit is the head's problem, not --tree's
+                parser.error(f"--tree: {error}" if args.tree else f"--head {args.head}: {error}")
             if args.tree is None and head.head_type == "eagle" and target.device.type == "cpu":
                 _stderr(
                     "note: the default EAGLE tree (60 nodes) is sized for a GPU; on a CPU, verifying it costs ~3x a "

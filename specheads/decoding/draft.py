@@ -138,7 +138,7 @@ class MedusaDrafter:
         if tree.max_depth > heads.num_heads:
             raise ValueError(
                 f"the tree is {tree.max_depth} deep but the Medusa head set has only {heads.num_heads} heads; "
-                "use a shallower tree (configs/trees/) or more heads"
+                f"use a tree at most {heads.num_heads} deep (e.g. chain:{heads.num_heads}) or more heads"
             )
         self.heads = heads
         self.tree = tree

@@ -2,7 +2,7 @@
 
 Tree settings (``--tree``): ``auto``, where the cost model (``cost_model``) picks size and depth for this device and
 this head, or any fixed setting (``chain:D``, ``dynamic:D,K,N`` for EAGLE, a tree file or name under
-``configs/trees/`` for Medusa), built by ``factory.build_drafter``.
+``specheads/decoding/trees/`` for Medusa), built by ``factory.build_drafter``.
 
 ``auto_drafter`` runs a short greedy calibration with a wide drafter, records which (depth, rank) guesses the target
 accepts and what drafting costs, and lets ``choose_tree`` pick the tree with the most expected tokens per second on

@@ -1,23 +1,29 @@
 """Turn a loaded head and a tree setting into a drafter, so callers never pick drafter classes by hand.
 
-Tree settings: a tree file or the name of one under ``configs/trees/`` (Medusa, static); ``chain`` or ``chain:D``
-(every head type: one path of D tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K
-expansion, N nodes kept). None picks each head type's default.
+Tree settings: a tree file or the name of one shipped in ``specheads/decoding/trees/`` (Medusa, static; a checkout
+links it as ``configs/trees``); ``chain`` or ``chain:D`` (every head type: one path of D tokens); ``dynamic`` or
+``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes kept). None picks each head type's
+default.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import TREE_FILE_KEY, DynamicTreeConfig, StaticTree, chain_tree, load_tree, static_tree
 
-TREES_DIR = Path(__file__).resolve().parents[2] / "configs" / "trees"
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+SHIPPED_TREES = resources.files("specheads.decoding") / "trees"
+"""The named Medusa trees (``--tree small10``): package data, so an installed wheel has them too."""
 DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying 64 nodes costs ~3.5x one decode step; cut to
 # the head count when a head set has fewer heads than its depth
 DEFAULT_DRAFT_LENGTH = 4
@@ -82,9 +88,16 @@ def _default_depth(head: Any) -> int:
     return head.num_heads if head.head_type == "medusa" else DEFAULT_DRAFT_LENGTH
 
 
-def _tree_file(tree: str) -> Path:
-    path = Path(tree) if Path(tree).is_file() else TREES_DIR / f"{tree.removesuffix('.json')}.json"
-    if not path.is_file():
-        known = sorted(p.stem for p in TREES_DIR.glob("*.json"))
-        raise ValueError(f"Medusa tree {tree!r} is neither a file nor one of {known}; or use chain[:D]")
-    return path
+def shipped_tree_names() -> list[str]:
+    """The names ``--tree`` takes for the tree files shipped with the package."""
+    return sorted(p.name.removesuffix(".json") for p in SHIPPED_TREES.iterdir() if p.name.endswith(".json"))
+
+
+def _tree_file(tree: str) -> Path | Traversable:
+    """A tree file given by path, else the shipped tree of that name (a path wins over a name)."""
+    if Path(tree).is_file():
+        return Path(tree)
+    shipped = SHIPPED_TREES / f"{tree.removesuffix('.json')}.json"
+    if not shipped.is_file():
+        raise ValueError(f"Medusa tree {tree!r} is neither a file nor one of {shipped_tree_names()}; or use chain[:D]")
+    return shipped

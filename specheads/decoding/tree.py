@@ -17,12 +17,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-# A tree file under configs/trees/ is a JSON object {"choices": [[0], [1], [0, 0], ...]}: Medusa paths where
-# path (i0, i1, ..., i_{d-1}) is the node at depth d whose token is head d's i_{d-1}-th best guess, under the node
-# of path (i0, ..., i_{d-2}).
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+# A tree file (the shipped ones: specheads/decoding/trees/, linked as configs/trees/ in a checkout) is a JSON object
+# {"choices": [[0], [1], [0, 0], ...]}: Medusa paths where path (i0, i1, ..., i_{d-1}) is the node at depth d whose
+# token is head d's i_{d-1}-th best guess, under the node of path (i0, ..., i_{d-2}).
 TREE_FILE_KEY = "choices"
 
 
@@ -185,9 +189,9 @@ def chain_tree(depth: int) -> StaticTree:
     return static_tree([[0] * d for d in range(1, depth + 1)])
 
 
-def load_tree(path: str | Path) -> StaticTree:
-    """Load a static tree from a JSON file ``{"choices": [[0], [1], [0, 0], ...]}``."""
-    data = json.loads(Path(path).read_text())
+def load_tree(path: str | Path | Traversable) -> StaticTree:
+    """Load a static tree from a JSON file ``{"choices": [[0], [1], [0, 0], ...]}`` (a path, or package data)."""
+    data = json.loads((Path(path) if isinstance(path, str) else path).read_text())
     if not isinstance(data, dict) or TREE_FILE_KEY not in data:
         raise ValueError(f"{path}: expected a JSON object with key {TREE_FILE_KEY!r}, found {type(data).__name__}")
     unknown = set(data) - {TREE_FILE_KEY, "description"}

@@ -31,6 +31,10 @@ HEADS: dict[str, type[DraftHead]] = {
 ADAPTER_MARK = "specheads_lora_adapter"
 """Attribute ``load_lora_adapter`` sets on the model it adapts: the adapter folder it applied."""
 
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+"""The LoRA adapter's weights as peft saves them by default; peft would also unpickle an ``adapter_model.bin``,
+which ``load_lora_adapter`` refuses."""
+
 
 def load_head(
     dir_or_hub_id: str | os.PathLike,
@@ -189,6 +193,13 @@ def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -
     adapter = resolve_head_folder(head_folder) / LORA_DIR
     if not adapter.is_dir():
         return target
+    if not (adapter / ADAPTER_WEIGHTS_NAME).is_file():  # else peft falls back to unpickling adapter_model.bin
+        found = sorted(p.name for p in adapter.iterdir())
+        raise HeadLoadError(
+            f"{adapter} has no {ADAPTER_WEIGHTS_NAME} (found {found}); specheads reads adapter weights only from "
+            "safetensors (unpickling a .bin can run code). If you trust the adapter, convert it once: "
+            "PeftModel.from_pretrained(target, LORA_DIR).save_pretrained(LORA_DIR, safe_serialization=True)"
+        )
     from peft import PeftModel
 
     adapted = PeftModel.from_pretrained(target, str(adapter))

@@ -21,6 +21,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from specheads.training.config_secrets import secret_env_read, secret_value
 from specheads.training.data import DataConfig
 
 FEATURE_MODES = ("online", "offline")
@@ -157,13 +158,20 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         merged = _merged(merged, _read_yaml(path), str(path))
     for override in overrides or []:
         merged = _merged(merged, _parse_override(override), f"command-line override {override}")
+
+    def source_of(key: str | None) -> str:
+        key = (key or "").partition("[")[0]  # a list item comes from the override of its list
+        given = [o for o in overrides or [] if o.partition("=")[0].strip() == key]
+        return f"command-line override {given[-1]}" if given else str(path or "config")
+
+    if problem := secret_env_read(OmegaConf.to_container(merged, resolve=False), source_of):
+        raise ConfigError(problem)  # before resolving: a secret is never read into the config
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # interpolations resolve only here, whichever layer wrote them
-        key = getattr(err, "full_key", None)
-        given = [o for o in overrides or [] if o.partition("=")[0].strip() == key]
-        source = f"command-line override {given[-1]}" if given else str(path or "config")
-        raise ConfigError(_reworded(err, source)) from None
+        raise ConfigError(_reworded(err, source_of(getattr(err, "full_key", None)))) from None
+    if problem := secret_value(to_container(cfg), source_of):
+        raise ConfigError(problem)
     validate(cfg)
     return cfg
 
@@ -308,6 +316,9 @@ def validate(cfg: TrainConfig) -> None:
     cfg.target.dtype = TARGET_DTYPES[cfg.target.dtype]
     _normalise_resume(cfg.train)
     _check_choice("train.log_with", cfg.train.log_with, TRACKERS)
+    from specheads.training.tracking import require_tracker_package
+
+    require_tracker_package(cfg.train.log_with)  # here, not after the target loaded: accelerate would only warn
     try:
         HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options))
     except (ValueError, TypeError) as err:

@@ -105,7 +105,7 @@ def test_assistant_must_be_a_draft_model(tiny_llama, tmp_path):
         build_methods(settings, tiny_llama, None, [])
 
 
-def test_calibration_names_only_the_questions_it_used(smollm2):
+def test_calibration_names_only_the_questions_it_used(smollm2, tmp_path):
     from specheads.bench.cli import calibration_prompts
 
     _, tokenizer = smollm2
@@ -114,6 +114,79 @@ def test_calibration_names_only_the_questions_it_used(smollm2):
     assert len(prompts) == 1 and ids == [81] and source.startswith("held-out")
     prompts, source, ids = calibration_prompts(tokenizer, 3, torch.device("cpu"), held_out)  # too few: the data
     assert len(prompts) == 3 and ids == [] and "training data" in source
+
+    # --calibration-data: the first user turn of each chat (after a system message too)
+    chats = tmp_path / "chats.jsonl"
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a blue fruit."}]
+    chats.write_text(json.dumps({"messages": turns}) + "\n" + json.dumps({"messages": turns[1:]}) + "\n")
+    prompts, source, ids = calibration_prompts(tokenizer, 3, torch.device("cpu"), held_out, chats)
+    assert len(prompts) == 2 and ids == [] and source == "chats.jsonl (chats)"
+    assert all("Name a blue fruit." in tokenizer.decode(p) and "Be brief" not in tokenizer.decode(p) for p in prompts)
+    chats.write_text('{"text": "not a chat"}\n')
+    with pytest.raises(ValueError, match=r"chats.jsonl, line 1: expected a JSON chat with a 'messages' list"):
+        calibration_prompts(tokenizer, 3, torch.device("cpu"), held_out, chats)
+
+
+def _auto_bench(tmp_path, tiny_llama, monkeypatch, **settings):
+    """Settings for --tree auto on a question file whose one question is measured: nothing is left to calibrate on,
+    and (as in an installed wheel) there is no data/ folder to fall back on."""
+    import specheads.bench.cli as bench_cli
+    import specheads.target
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr(specheads.target, "load_target", no_target)
+    monkeypatch.setattr(bench_cli, "DEFAULT_CALIBRATION_DATA", tmp_path / "not-in-a-wheel.jsonl")
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
+    MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), tiny_llama).save_pretrained(tmp_path / "medusa")
+    questions = tmp_path / "question.jsonl"
+    questions.write_text(json.dumps(QUESTIONS[0]) + "\n")
+    head, out = str(tmp_path / "medusa"), str(tmp_path / "out")
+    defaults = dict(questions=str(questions), per_category=1, heads=[head], methods=[], out=out, progress=False)
+    return BenchSettings(**{**defaults, **settings})
+
+
+def test_an_auto_tree_with_nothing_to_calibrate_on_fails_before_the_target_loads(tiny_llama, tmp_path, monkeypatch):
+    """It calibrated on zero prompts, recorded ``question_ids: []`` and cached that tree for specheads generate."""
+    settings = _auto_bench(tmp_path, tiny_llama, monkeypatch)
+    with pytest.raises(ValueError, match=r"has none left after the 1 measured ones.*Pass --calibration-data FILE"):
+        run_bench(settings)
+    with pytest.raises(ValueError, match=r"--calibration-prompts N >= 1, got 0"):
+        run_bench(_auto_bench(tmp_path, tiny_llama, monkeypatch, calibration_prompts=0))
+    with pytest.raises(FileNotFoundError, match=r"--calibration-data .*missing.jsonl: no such file"):
+        run_bench(_auto_bench(tmp_path, tiny_llama, monkeypatch, calibration_data=str(tmp_path / "missing.jsonl")))
+    fixed = _auto_bench(tmp_path, tiny_llama, monkeypatch, trees=["chain:2"])  # a fixed tree needs no calibration
+    with pytest.raises(AssertionError, match="the target was loaded"):
+        run_bench(fixed)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
+def test_no_auto_tree_is_chosen_or_cached_from_no_calibration_prompts(tiny_llama, tmp_path, monkeypatch):
+    from specheads.bench.cli import build_methods
+
+    settings = _auto_bench(tmp_path, tiny_llama, monkeypatch)
+    with pytest.raises(ValueError, match=r"--tree auto needs calibration prompts and got none; pass --calibration"):
+        build_methods(settings, tiny_llama, None, [])
+    assert not (tmp_path / "cache").exists()
+
+
+def test_bench_without_matplotlib_says_so_before_measuring(tmp_path, capsys, monkeypatch):
+    import sys
+
+    import specheads.bench.cli as bench_cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+
+    def measuring(settings):
+        raise ValueError("the measurement would start here")
+
+    monkeypatch.setattr(bench_cli, "run_bench", measuring)
+    assert bench_main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    note = "note: matplotlib is not installed, so the plots (speedup.png, acceptance.png) are skipped; pip install "
+    assert err.index(note + "'specheads[plots]'") < err.index("the measurement would start here")
 
 
 def stub(name: str, tokens: list[int], seconds: float, forwards: int, lossless: bool = True) -> Method:
@@ -163,6 +236,26 @@ def test_report_files_replace_an_earlier_runs_together(tmp_path):
         paths = write_report(report, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths.values())
     assert paths["speedup_png"].read_bytes()[:4] == b"\x89PNG" and json.loads(paths["json"].read_text())["results"]
+
+
+def test_report_without_matplotlib_still_writes_the_numbers(tmp_path, monkeypatch):
+    """Without the plots extra the benchmark ran, then lost everything in the plotting step: the JSON and markdown
+    are written whatever happens to the plots, and an earlier run's plots are not left beside the new numbers."""
+    import sys
+
+    from specheads.bench.report import write_report
+
+    prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
+    methods = [stub("base", [1, 2], 2.0, 2), stub("fast", [1, 2], 1.0, 1)]
+    report = aggregate(run_benchmark(methods, prompts, 2, warmup_tokens=0, progress=False), methods, {})
+    (tmp_path / "speedup.png").write_bytes(b"an earlier run's plot")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    with pytest.warns(UserWarning, match=r"matplotlib is not installed.*skipped; pip install 'specheads\[plots\]'"):
+        paths = write_report(report, tmp_path)
+    assert set(paths) == {"json", "markdown"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
+    assert json.loads(paths["json"].read_text())["results"]["fast"][OVERALL]["speedup"] == 2.0
+    assert "| fast |" in paths["markdown"].read_text()
 
 
 def test_16bit_mismatches_at_an_exact_tie_are_near_ties_and_others_stay_mismatches():

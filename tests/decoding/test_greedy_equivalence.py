@@ -35,7 +35,7 @@ from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig,
 pytestmark = pytest.mark.slow
 
 FIXTURES = Path(__file__).parent / "fixtures"
-TREES = Path(__file__).resolve().parents[2] / "configs" / "trees"
+TREES = Path(__file__).resolve().parents[2] / "specheads" / "decoding" / "trees"
 MAX_NEW_TOKENS = 64
 PROMPTS = [json.loads(line)["prompt"] for line in (FIXTURES / "spec_bench_prompts.jsonl").read_text().splitlines()]
 FEW = [0, 5, 9, 16, 19]  # writing, reasoning, coding, translation, math reasoning

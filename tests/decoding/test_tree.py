@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from specheads.decoding.factory import shipped_tree_names
 from specheads.decoding.tree import (
     chain_tree,
     compile_tree,
@@ -16,7 +17,8 @@ from specheads.decoding.tree import (
     static_tree,
 )
 
-TREES = Path(__file__).resolve().parents[2] / "configs" / "trees"
+REPO = Path(__file__).resolve().parents[2]
+TREES = REPO / "specheads" / "decoding" / "trees"  # package data; configs/trees links here
 
 # Hand-built tree (root = 0):      0
 #                                /   \
@@ -99,6 +101,13 @@ def test_shipped_trees_load(path):
 def test_shipped_trees_sizes():
     assert load_tree(TREES / "chain4.json").compiled.retrieve_indices.shape == (1, 5)
     assert load_tree(TREES / "medusa60.json").num_nodes == 61
+
+
+def test_configs_trees_links_to_the_shipped_trees():
+    """The tree files are package data (a wheel has them); ``configs/trees`` is a link to them, not a second copy."""
+    assert (REPO / "configs" / "trees").is_symlink()
+    assert (REPO / "configs" / "trees").resolve() == TREES.resolve()
+    assert shipped_tree_names() == sorted(path.stem for path in TREES.glob("*.json")) != []
 
 
 def test_dynamic_selection_keeps_parents_and_creation_order():

@@ -352,6 +352,29 @@ def test_lora_adapter_beside_a_head_is_merged_into_the_target(tmp_path, monkeypa
         torch.testing.assert_close(hub_merged(ids).logits, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_pickled_lora_adapter_is_refused_and_never_unpickled(tmp_path, monkeypatch):
+    """peft falls back to ``adapter_model.bin`` (a pickle) when a folder has no safetensors adapter: refused first,
+    with how to convert it, and torch.load is never called."""
+    from peft import LoraConfig, get_peft_model
+
+    from specheads.heads import load_lora_adapter
+
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), make_tiny_llama()).save_pretrained(folder)
+    adapted = get_peft_model(make_tiny_llama(), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    adapted.save_pretrained(folder / "lora", safe_serialization=False)
+    assert (folder / "lora" / "adapter_model.bin").is_file()
+    assert not (folder / "lora" / "adapter_model.safetensors").exists()
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError(f"torch.load was called on {args[0] if args else kwargs}")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    expected = r"has no adapter_model.safetensors \(found \[.*'adapter_model.bin'\]\); specheads reads adapter weights"
+    with pytest.raises(HeadLoadError, match=expected + r" only from safetensors.*safe_serialization=True"):
+        load_lora_adapter(make_tiny_llama(), folder)
+
+
 def test_lora_adapter_on_a_bf16_target_stays_unmerged_so_small_updates_survive(tmp_path):
     """A trained LoRA update is small next to the weights it adapts: merged into bf16 weights it would mostly round
     away. On a bf16 target the adapter stays injected, and the loaded model computes what the adapted one did."""

@@ -266,3 +266,76 @@ def test_a_rank_other_than_0_logs_no_data_summary_and_no_saved_head_line(tiny_ta
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "model.safetensors").is_file()
     assert "saved head to" not in done.stderr and "samples:" not in done.stderr, done.stderr[-3000:]
+
+
+FAKE_TOKEN = "hf_FAKEtestTOKEN1234567890"
+
+
+@pytest.mark.parametrize(
+    "run_name, variable",
+    [
+        ("${oc.env:HF_TOKEN}", "HF_TOKEN"),
+        ("run-${oc.env:hf_token}", "hf_token"),  # any case, inside a longer string
+        ('${oc.env:"WANDB_API_KEY",none}', "WANDB_API_KEY"),
+        ("${oc.env:DB_PASSWORD,x}", "DB_PASSWORD"),
+        ("${oc.env:GITHUB_AUTH}", "GITHUB_AUTH"),
+        ("${oc.env:AWS_SECRET_ACCESS_KEY}", "AWS_SECRET_ACCESS_KEY"),
+        ("${oc.env:GCP_CREDENTIALS}", "GCP_CREDENTIALS"),
+        ("${oc.env:RUN_LABEL,${oc.env:HF_TOKEN}}", "HF_TOKEN"),  # as another variable's default
+    ],
+)
+def test_a_config_may_not_read_a_secret_from_the_environment(tmp_path, monkeypatch, run_name, variable):
+    """The resolved config goes into the model card (published with the head), train_config.yaml and the tracker's
+    run config: ``${oc.env:HF_TOKEN}`` would copy the token into all three."""
+    monkeypatch.setenv(variable, FAKE_TOKEN)
+    path = tmp_path / "evil.yaml"
+    path.write_text((CONFIGS / "medusa" / "smollm2-135m.yaml").read_text() + f"  run_name: '{run_name}'\n")
+    expected = rf"evil.yaml: train.run_name: .* reads {variable}, which looks like a secret \(the name contains \w+\)"
+    with pytest.raises(ConfigError, match=expected + "; the resolved config is copied into the model card") as info:
+        load_config(path)
+    assert FAKE_TOKEN not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_secret_cannot_be_read_through_a_computed_name_or_pasted_in(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    medusa = CONFIGS / "medusa" / "smollm2-135m.yaml"
+    with pytest.raises(ConfigError, match=r"reads an environment variable whose name is computed; expected a literal"):
+        load_config(medusa, ["train.project=HF_TOKEN", "train.run_name=${oc.env:${train.project}}"])
+    expected = r"^command-line override train.run_name=.*: train.run_name contains the value of the environment "
+    with pytest.raises(ConfigError, match=expected + "variable HF_TOKEN, which looks like a secret") as info:
+        load_config(medusa, [f"train.run_name=mine-{FAKE_TOKEN}"])
+    assert FAKE_TOKEN not in str(info.value) and "train.run_name=mine-<HF_TOKEN>" in str(info.value)  # never shown
+
+
+def test_ordinary_environment_variables_still_resolve(monkeypatch):
+    """``${oc.env:...}`` stays for what configs use it for: data locations, run names, the wandb project."""
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)  # set, and not read
+    monkeypatch.setenv("RUN_LABEL", "nightly")
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["train.run_name=${oc.env:RUN_LABEL}-medusa"])
+    assert cfg.train.run_name == "nightly-medusa" and cfg.train.project == "from-env"
+
+
+def test_a_path_held_by_a_secret_looking_variable_is_not_taken_for_a_secret(tmp_path, monkeypatch):
+    """``SSH_AUTH_SOCK`` and the like hold paths that an output folder may well contain; only values without a path
+    separator (tokens, keys) are looked for."""
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(tmp_path / "agent.sock"))
+    monkeypatch.setenv("KEYS_HOME", str(tmp_path))
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [f"train.output_dir={tmp_path}/runs/medusa"])
+    assert cfg.train.output_dir == f"{tmp_path}/runs/medusa"
+
+
+def test_the_cli_refuses_a_secret_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    import specheads.training.loop
+
+    def no_training(cfg):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(specheads.training.loop, "train", no_training)
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    out = tmp_path / "out"
+    argv = ["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), f"train.output_dir={out}"]
+    assert train_main([*argv, "train.run_name=${oc.env:HF_TOKEN}"]) == 2
+    err = capsys.readouterr().err
+    assert "reads HF_TOKEN, which looks like a secret" in err and FAKE_TOKEN not in err
+    assert not out.exists()

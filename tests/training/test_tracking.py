@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,53 @@ def test_wandb_is_offline_without_a_key(monkeypatch, tmp_path):
     cfg = load_config(MEDUSA, ["train.log_with=wandb", f"train.output_dir={tmp_path}"])
     _, init_kwargs = tracker_setup(cfg)
     assert "secret-key-value" not in repr(init_kwargs)
+
+
+@pytest.mark.parametrize("kind, hidden", [("wandb", ["wandb"]), ("tensorboard", ["tensorboard", "tensorboardX"])])
+def test_a_tracker_without_its_package_fails_before_anything_loads(kind, hidden, tmp_path, capsys, monkeypatch):
+    """Accelerate only warns when ``log_with`` names a tracker that is not installed, and the run trains untracked
+    and exits 0. A package set to None in sys.modules is one that is not installed (find_spec gives None)."""
+    import specheads.training.loop
+    from specheads.training.config import ConfigError
+    from specheads.training.train_cli import train_main
+
+    built = load_config(MEDUSA, [f"train.log_with={kind}", f"train.output_dir={tmp_path / 'out'}"])
+    for package in hidden:
+        monkeypatch.setitem(sys.modules, package, None)
+    expected = rf"train.log_with={kind} needs the {hidden[0]} package, which is not installed: pip install " + (
+        rf"'specheads\[{kind}\]'"
+    )
+    with pytest.raises(ConfigError, match=expected):
+        load_config(MEDUSA, [f"train.log_with={kind}"])
+    with pytest.raises(ConfigError, match=expected):  # a config built before (or in code) is checked when training
+        tracker_setup(built)
+
+    def no_training(cfg):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(specheads.training.loop, "train", no_training)
+    assert train_main(["--config", str(MEDUSA), f"train.log_with={kind}", f"train.output_dir={tmp_path / 'out'}"]) == 2
+    assert f"pip install 'specheads[{kind}]'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_named_like_the_tracker_is_not_its_package(tmp_path, monkeypatch):
+    """wandb writes its runs into ./wandb by default; that folder is a namespace package to find_spec."""
+    import specheads.training.tracking as tracking
+    from specheads.training.config import ConfigError
+
+    (tmp_path / "tracker_runs_folder").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(tracking.TRACKER_PACKAGES, "wandb", ("tracker_runs_folder",))
+    with pytest.raises(ConfigError, match=r"needs the tracker_runs_folder package, which is not installed"):
+        tracking.require_tracker_package("wandb")
+
+
+def test_tensorboard_runs_on_either_of_its_packages(monkeypatch):
+    """Accelerate's tensorboard tracker takes tensorboard or tensorboardX; only both missing is an error."""
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    cfg = load_config(MEDUSA, ["train.log_with=tensorboard"])
+    assert tracker_setup(cfg) == ("tensorboard", {})
 
 
 def test_tensorboard_writes_event_files(tiny_target_dir, small_chat_file, tmp_path):
