@@ -66,8 +66,9 @@ class LookupBranchDrafter:
         self.inner, self.narrow, self.solo_ngram = inner, narrow, solo_ngram
         self.lookup = PromptLookupDrafter(num_tokens, max_ngram, min_ngram)
         self.layer_ids = list(inner.layer_ids)
-        # The generator swaps CPU kernels into a drafter's ``model`` / ``head`` modules: expose the inner ones.
-        self.model, self.head = getattr(inner, "model", None), getattr(inner, "head", None)
+        # The generator checks the placement of (and swaps CPU kernels into) a drafter's ``model`` / ``head`` /
+        # ``heads`` modules: expose the inner ones.
+        self.model, self.head, self.heads = (getattr(inner, name, None) for name in ("model", "head", "heads"))
 
     def begin(
         self,

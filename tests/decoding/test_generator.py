@@ -1,4 +1,5 @@
-"""Generator contracts: stop conditions, errors, and sampled generation on every drafter (tiny random Llama)."""
+"""Generator contracts on a tiny random Llama: greedy output equals generate's with drafts accepted, stop conditions
+(the context's end included), errors, and sampled generation on every drafter."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
+from tests.decoding.planted import PlantedDrafter, greedy_continuation
 
 PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
 
 
 DRAFTERS = ["medusa", "eagle1", "eagle3", "eagle3-d2t", "draft_model", "lookup", "eagle3+lookup", "medusa+lookup"]
 DRAFTERS += ["eagle1+lookup-solo", "draft_model+lookup-solo"]
+CHAINS = ["draft_model", "lookup", "draft_model+lookup-solo"]  # every path is the first branch
 
 
 @pytest.fixture
@@ -32,7 +35,8 @@ def tiny_drafters(target) -> dict[str, object]:
     torch.manual_seed(0)
     drafters = {
         "medusa": MedusaDrafter(
-            MedusaHeads(MedusaConfig(num_heads=3), target).eval(), static_tree([[0], [1], [0, 0], [0, 0, 0]])
+            MedusaHeads(MedusaConfig(num_heads=3), target).eval(),
+            static_tree([[0], [1], [0, 0], [1, 0], [0, 0, 0], [1, 0, 0]]),
         ),
         "eagle1": EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), target).eval(), DynamicTreeConfig(3, 3, 8)),
         "eagle3": EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 5)),
@@ -50,6 +54,14 @@ def tiny_drafters(target) -> dict[str, object]:
     return drafters
 
 
+def assert_stats_add_up(stats, max_new_tokens: int) -> None:
+    """One target forward per step plus the prefill; each step commits its accepted drafts and one more token, and
+    only the last step can be cut short by max_new_tokens."""
+    accepted = stats.accepted_lengths
+    assert stats.target_forwards == 1 + len(accepted)
+    assert stats.target_forwards - 1 + sum(accepted[:-1]) < max_new_tokens <= stats.target_forwards + sum(accepted)
+
+
 @pytest.mark.parametrize("name", DRAFTERS)
 def test_sampled_generation_is_valid_and_reproducible(tiny_llama, name):
     generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), tiny_drafters(tiny_llama)[name])
@@ -58,19 +70,31 @@ def test_sampled_generation_is_valid_and_reproducible(tiny_llama, name):
     assert len(first.token_ids) == 20 and all(0 <= t < 128 for t in first.token_ids)
     assert first.token_ids == again.token_ids
     assert first.stats.acceptance == "speculative" and not first.stats.lossy
-    assert first.stats.new_tokens == 20 and first.stats.target_forwards <= 20
+    assert first.stats.new_tokens == 20
+    assert_stats_add_up(first.stats, 20)
     other = generator.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=7)
     assert other.token_ids != first.token_ids  # 20 tokens from a ~uniform 128-way model: a clash is ~impossible
 
 
 @pytest.mark.parametrize("name", DRAFTERS)
-def test_greedy_matches_plain_decoding_on_tiny(tiny_llama, name):
-    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=24)
-    ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), tiny_drafters(tiny_llama)[name]).generate(
-        PROMPT, max_new_tokens=24
-    )
-    assert ours.token_ids == plain.token_ids
-    assert ours.stats.new_tokens == 24 and ours.stats.tau >= 1.0
+def test_greedy_matches_generate_on_tiny(tiny_llama, name):
+    """Greedy output is the target's generate(do_sample=False), token for token: with the random drafter alone
+    (which gets few drafts accepted, often none) and with the target's own continuation planted in its tree on
+    every other step, so whole paths are accepted, off the first branch wherever the tree branches."""
+    expected = greedy_continuation(tiny_llama, PROMPT, 24 + 4)
+    drafter = tiny_drafters(tiny_llama)[name]
+    alone = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter).generate(PROMPT, max_new_tokens=24)
+    assert alone.token_ids == expected[:24]
+    assert_stats_add_up(alone.stats, 24)
+    planted = PlantedDrafter(drafter, expected)
+    ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), planted).generate(PROMPT, max_new_tokens=24)
+    assert ours.token_ids == expected[:24] and ours.stats.new_tokens == 24
+    assert_stats_add_up(ours.stats, 24)
+    (state,) = planted.states
+    assert len(state.planted) == len(ours.stats.accepted_lengths) and sum(state.planted) > 0
+    assert all(accepted >= depth for accepted, depth in zip(ours.stats.accepted_lengths, state.planted))
+    if name not in CHAINS:
+        assert not all(state.first_branch)
 
 
 def test_typical_acceptance_is_labelled_lossy(tiny_llama):
@@ -145,6 +169,20 @@ def test_drafting_uses_every_position_of_the_context(tiny_llama, name):
     drafter = tiny_drafters(tiny_llama)[name]
     ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter).generate(prompt, max_new_tokens=40)
     assert ours.token_ids == plain.token_ids and ours.stats.stop_reason == "context_full"
+
+
+def test_an_accepting_drafter_stops_at_the_last_position_of_the_context(tiny_llama):
+    """A draft model that is the whole target gets every draft accepted, so the steps land where this test says:
+    from a 497-token prompt its 3-token chains commit 4 tokens at 497, 501 and 505; at 509 the chain's last node
+    would sit at position 512, past the 512-position context, so that step and the next two verify the root alone,
+    and decoding stops after position 511 with generate's tokens."""
+    prompt = torch.randint(0, 128, (497,), generator=torch.Generator().manual_seed(1))
+    expected = greedy_continuation(tiny_llama, prompt, 512 - 497 + 1)  # the last one from position 511's logits
+    whole_target = DraftModel.from_target(tiny_llama, 2).eval()
+    perfect = DraftModelDrafter(whole_target, draft_length=3, min_length=3, max_length=3)
+    ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), perfect).generate(prompt, max_new_tokens=40)
+    assert ours.token_ids == expected and ours.stats.stop_reason == "context_full"
+    assert ours.stats.accepted_lengths == [3, 3, 3, 0, 0, 0]
 
 
 def test_greedy_acceptance_refuses_sampling_and_typical_honours_top_k(tiny_llama):

@@ -150,3 +150,21 @@ def test_the_branch_raises_tau_on_repetitive_text(tiny_llama) -> None:
     assert all(r.token_ids == results["plain"].token_ids for r in results.values())
     assert results["head+lookup"].stats.tau > results["head"].stats.tau + 0.5
     assert results["head+lookup"].stats.tau >= results["lookup"].stats.tau - 0.5
+
+
+@pytest.mark.parametrize("head_type", ["medusa", "eagle"])
+def test_the_generator_checks_and_places_the_wrapped_head(tiny_llama, head_type) -> None:
+    """The generator finds a drafter's modules by attribute (placement check, CPU kernels): a lookup branch must
+    expose its inner drafter's, or a head in the wrong dtype fails deep inside a forward instead of by name."""
+    tiny_llama.generation_config.eos_token_id = None
+    if head_type == "medusa":
+        module = MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).eval()
+        inner, name = MedusaDrafter(module, static_tree([[0], [0, 0]])), "heads"
+    else:
+        module = EagleDrafter(EagleConfig(version=1), tiny_llama).eval()
+        inner, name = EagleTreeDrafter(module, DynamicTreeConfig(2, 2, 4)), "head"
+    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), LookupBranchDrafter(inner))
+    assert (name, module) in generator.drafter_modules()
+    module.to(torch.bfloat16)  # the target is fp32
+    with pytest.raises(ValueError, match=rf"the drafter's {name} is on cpu in torch.bfloat16"):
+        generator.generate(torch.tensor([3, 17, 42, 5]), max_new_tokens=4)
