@@ -216,20 +216,30 @@ def test_a_second_process_waits_for_the_conversion_in_progress(smollm2, tmp_path
     copy the first wrote instead of converting again and replacing it under the first one's feet."""
     import shutil
     import subprocess
-    import sys
-    import time
+    import threading
 
     from filelock import FileLock
 
     target_dir = tmp_path / "targets" / SMOLLM2
     target_dir.parent.mkdir(parents=True)
+    lock_file = str(target_dir) + ".lock"
     env = {**os.environ, "SPECHEADS_CACHE": str(tmp_path)}
-    code = f"from specheads.target import ensure_builtin_converted; print(ensure_builtin_converted({SMOLLM2!r}))"
-    with FileLock(str(target_dir) + ".lock"):  # this process is "converting"
+    # filelock logs every attempt at DEBUG; "Lock ... not acquired on FILE" is the child finding the lock held
+    code = (
+        "import logging, sys; logging.basicConfig(stream=sys.stdout, format='%(message)s'); "
+        "logging.getLogger('filelock').setLevel(logging.DEBUG); "
+        f"from specheads.target import ensure_builtin_converted; print(ensure_builtin_converted({SMOLLM2!r}))"
+    )
+    with FileLock(lock_file):  # this process is "converting"
         waiter = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-        time.sleep(15)  # imports take a few seconds; then it must block on the lock, not convert
-        assert waiter.poll() is None, "the second process did not wait for the conversion in progress"
-        assert not target_dir.exists()
+        watchdog = threading.Timer(300, waiter.kill)  # a child that never reaches the lock ends the read below
+        watchdog.start()
+        try:
+            blocked = next((line for line in waiter.stdout if f"not acquired on {lock_file}," in line), None)
+        finally:
+            watchdog.cancel()
+        assert blocked is not None, "the second process did not wait for the conversion in progress"
+        assert waiter.poll() is None and not target_dir.exists()  # still waiting: it converted nothing
         shutil.copytree(builtin_cache_dir(SMOLLM2), target_dir)
         stamp = (target_dir / "model.safetensors").stat().st_mtime_ns
     out, _ = waiter.communicate(timeout=300)

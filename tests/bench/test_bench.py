@@ -69,7 +69,18 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     medusa = loaded["results"]["specheads-medusa-untrained"]
     assert medusa[OVERALL]["compared"] == 2 and medusa[OVERALL]["identical"] == 2  # greedy Medusa is lossless
     assert loaded["mismatches"] == []
-    assert medusa[OVERALL]["tau"] >= 1.0 and len(medusa[OVERALL]["acceptance_per_depth"]) == 2
+    assert len(medusa[OVERALL]["acceptance_per_depth"]) == 2
+    # tau from the steps: one prefill forward per prompt and one verify forward per step, each committing the drafts
+    # it accepted and one token more (fewer where max_new_tokens or the end of the turn cuts the last step); the
+    # per-prompt records give the same forwards
+    hist = {int(k): n for k, n in medusa[OVERALL]["accepted_length_hist"].items()}
+    forwards, accepted = medusa[OVERALL]["prompts"] + sum(hist.values()), sum(k * n for k, n in hist.items())
+    assert medusa[OVERALL]["target_forwards"] == forwards
+    assert forwards <= medusa[OVERALL]["new_tokens"] <= forwards + accepted
+    per_prompt = [r for r in loaded["per_prompt"] if r["method"] == "specheads-medusa-untrained"]
+    tokens = [r["new_tokens"] for r in per_prompt]
+    assert sum(t / r["tau"] for t, r in zip(tokens, per_prompt)) == pytest.approx(forwards)
+    assert medusa[OVERALL]["tau"] == pytest.approx(sum(tokens) / forwards)
     assert loaded["results"]["generate"][OVERALL]["speedup"] == 1.0
     assert "| specheads-medusa-untrained |" in paths["markdown"].read_text()
     for png in (paths["speedup_png"], paths["acceptance_png"]):

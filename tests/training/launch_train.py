@@ -1,4 +1,5 @@
-"""Entry point for `accelerate launch` tests: train, then write this rank's view of the weights to a file.
+"""Entry point for `accelerate launch` tests: train, then write this rank's view of the weights and the samples it
+trained on to a file.
 
 SPECHEADS_TEST_FSDP_ON_CPU=1 runs an FSDP launch config on CPU processes (see below).
 
@@ -11,13 +12,33 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from accelerate import PartialState
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 
 from specheads.training.config import load_config
-from specheads.training.loop import train
+from specheads.training.loop import Throughput, train
+
+
+def record_training_samples() -> list[list[list[int]]]:
+    """This rank's training micro-batches as they reach the loop, each sample as its unpadded token ids.
+
+    The loop hands every training batch, and no eval batch, to ``Throughput.count``; a wrapper around it keeps a copy
+    and counts as before. The tests check from it that the ranks trained on different shares of the data, which equal
+    weights alone cannot show: ranks that all read every batch also stay in sync."""
+    seen: list[list[list[int]]] = []
+    count = Throughput.count
+
+    def recording(self: Throughput, batch: Any) -> None:
+        data = batch[0] if isinstance(batch, (tuple, list)) else batch
+        rows = zip(data["input_ids"].tolist(), data["attention_mask"].tolist())
+        seen.append([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows])
+        count(self, batch)
+
+    Throughput.count = recording
+    return seen
 
 
 def main() -> None:
@@ -27,6 +48,7 @@ def main() -> None:
         # over gloo. Marking the CPU process group MULTI_GPU before the Accelerator exists lifts that gate and nothing
         # else: the launch config's FSDP plugin, Accelerate's FSDP2 preparation and torch's sharding all run for real.
         PartialState(cpu=True).distributed_type = DistributedType.MULTI_GPU
+    samples = record_training_samples()
     result = train(load_config(config, overrides))
     state = PartialState()
     deepspeed = AcceleratorState().deepspeed_plugin
@@ -39,6 +61,7 @@ def main() -> None:
         "metrics": result.metrics,
         "eval_steps": [h["step"] for h in result.history],  # a resumed run has no step-0 eval
         "history": result.history,
+        "train_samples": samples,
     }
     Path(result_dir, f"rank{state.process_index}.json").write_text(json.dumps(record))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from train_helpers import REPO, tiny_overrides
 
 from specheads.training.checkpoint import (
@@ -76,3 +77,37 @@ def test_a_save_removes_half_written_checkpoints_of_any_step(tmp_path):
         save_checkpoint(accelerator, tmp_path, step, keep_last=1, config_yaml="train:\n  lr: 0.001\n")
     assert sorted(p.name for p in checkpoint_root(tmp_path).iterdir()) == ["step-00000008"]
     assert (checkpoint_root(tmp_path) / "step-00000008" / CONFIG_FILE).read_text() == "train:\n  lr: 0.001\n"
+
+
+def test_resume_refuses_a_checkpoint_whose_weights_do_not_fit_the_model(tiny_target_dir, small_chat_file, tmp_path):
+    """The load-state hook loads the checkpoint's weights non-strictly (frozen weights are left out of it), then
+    checks: a trainable tensor missing from the file, or a tensor the model does not have, is an error instead of a
+    resumed run that silently keeps a fresh initialisation or ignores trained weights."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    from specheads.training.config import ConfigError
+
+    medusa = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+    kw = dict(max_steps=2, batch_size=2, save_every=1)
+
+    def run(**changes):
+        overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path, **{**kw, **changes})
+        return train(load_config(medusa, ["data.max_samples=16", "head.options.num_heads=1", *overrides]))
+
+    assert run(stop_after=1).step == 1
+    weights_file = latest_checkpoint(tmp_path) / "model.safetensors"
+    saved = load_file(str(weights_file))
+    dropped = sorted(saved)[0]
+    stray = {**saved, "head.stray.weight": torch.zeros(3)}
+    for edited, found in [
+        ({k: v for k, v in saved.items() if k != dropped}, rf"missing trainable tensors \['{re.escape(dropped)}'\]"),
+        (stray, r"missing trainable tensors \[\], unexpected tensors \['head.stray.weight'\]"),
+    ]:
+        save_file(edited, str(weights_file))
+        with pytest.raises(ConfigError, match=rf"model.safetensors does not match the model being trained \({found}"):
+            run(resume="auto")
+    save_file(saved, str(weights_file))  # the checkpoint as it was written resumes
+    resumed = run(resume="auto")
+    assert resumed.finished and resumed.step == 2

@@ -1,6 +1,6 @@
 """`accelerate launch` with two CPU processes (DDP over gloo; DeepSpeed ZeRO-2/3 on its CPU accelerator; two
-single-process "nodes" on localhost): the same script completes, both ranks end with identical weights, and the
-saved head loads."""
+single-process "nodes" on localhost): the same script completes, each rank trains on its own share of the data, both
+ranks end with identical weights, and the saved head loads."""
 
 from __future__ import annotations
 
@@ -51,6 +51,34 @@ def _assert_in_sync(ranks: list[dict], distributed_type: str, steps: int) -> Non
     assert ranks[0]["metrics"] == ranks[1]["metrics"]  # eval metrics are reduced over both ranks
 
 
+def _assert_sharded(ranks: list[dict], head_config: str, overrides: list[str], target_dir: Path) -> None:
+    """Each rank trained on its own share of the data (equal weights alone do not show it: ranks that all read every
+    batch stay in sync too). Within an epoch the ranks' samples are disjoint, and a whole epoch's samples over both
+    ranks are the training split, each once. The split must fill whole rounds of micro-batches (one per rank), so
+    Accelerate's even_batches repeats no sample at an epoch's end. For runs from step 0 (a record starts an epoch)."""
+    from transformers import AutoTokenizer
+
+    from specheads.training.config import load_config
+    from specheads.training.data import build_datasets
+
+    cfg = load_config(REPO / "configs" / head_config / "smollm2-135m.yaml", overrides)
+    train_split, _ = build_datasets(cfg.data, AutoTokenizer.from_pretrained(target_dir))
+    split = [tuple(ids) for ids in train_split["input_ids"]]
+    assert len(set(split)) == len(split), "two training samples are equal: the check below needs them distinct"
+    per_round = len(ranks) * cfg.train.batch_size
+    assert len(split) % per_round == 0, f"{len(split)} training samples leave an epoch's last round part-filled"
+    per_epoch = len(split) // per_round  # micro-batches of one rank in an epoch
+    batches = [[[tuple(ids) for ids in batch] for batch in rank["train_samples"]] for rank in ranks]
+    assert len(batches[0]) == len(batches[1]) == ranks[0]["step"] * cfg.train.grad_accum > 0
+    for start in range(0, len(batches[0]), per_epoch):
+        shares = [[sample for batch in mine[start : start + per_epoch] for sample in batch] for mine in batches]
+        both = set(shares[0]) & set(shares[1])
+        assert not both, f"both ranks trained on {len(both)} of the same samples in micro-batches {start}+"
+        assert set(shares[0] + shares[1]) <= set(split)
+        if start + per_epoch <= len(batches[0]):  # a whole epoch: every training sample once
+            assert sorted(shares[0] + shares[1]) == sorted(split)
+
+
 @pytest.mark.parametrize(
     "launch_config, head_config",
     [
@@ -66,6 +94,8 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     overrides = tiny_overrides(
         tiny_target_dir, small_chat_file, out, max_steps=3, batch_size=2, eval_every=3, save_every=2
     ) + ["head.options.draft_vocab_size=null", "loss.ttt_steps=2"] * (head_config == "eagle3")
+    # 16 samples less 8 held out: 8 to train on, 2 per micro-batch on each rank, so step 3 starts a second epoch
+    overrides.append("data.max_samples=16")
     overrides += ["train.max_grad_norm=0.5"] * deepspeed  # DeepSpeed clips in its engine: it must get this value
     # ZeRO-2 in bf16: DeepSpeed casts the head, while the target's lm_head it projects through stays fp32
     overrides += ["train.mixed_precision=bf16"] * (launch_config == "deepspeed-zero2.yaml")
@@ -73,6 +103,7 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     # (each process then trained alone as a world of one); train() now asks Accelerate for CPU processes itself
     ranks = _launch(launch_config, head_config, tmp_path, overrides)
     _assert_in_sync(ranks, "DEEPSPEED" if deepspeed else "MULTI_CPU", 3)
+    _assert_sharded(ranks, head_config, overrides, tiny_target_dir)
     assert [r["gradient_clipping"] for r in ranks] == ([0.5, 0.5] if deepspeed else [None, None])
     assert (out / "checkpoints" / "step-00000002").is_dir()
     target, _ = load_target(Path(tiny_target_dir))
@@ -155,7 +186,9 @@ def test_two_nodes_on_localhost_train_as_one_group(tiny_target_dir, small_chat_f
     logs = [(tmp_path / f"node{i}.log").read_text()[-4000:] for i in (0, 1)]
     assert codes == [0, 0], logs
 
-    _assert_in_sync([json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)], "MULTI_CPU", 3)
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    _assert_in_sync(ranks, "MULTI_CPU", 3)
+    _assert_sharded(ranks, "medusa", overrides, tiny_target_dir)  # each node's rank its own share
     target, _ = load_target(Path(tiny_target_dir))
     load_head(out, target)
 
