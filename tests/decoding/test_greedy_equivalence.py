@@ -2,7 +2,8 @@
 
 Real target (SmolLM2-135M-Instruct), chat-templated Spec-Bench prompts (tests/decoding/fixtures, 22 varied
 questions: MT-bench categories, translation, summarization, QA, math reasoning), 64 new tokens each. Drafters are
-untrained or random: correctness must not depend on draft quality.
+untrained or random: correctness must not depend on draft quality. On every other step the target's own continuation
+is planted in the drafter's tree, so that whole paths are accepted too (see ``check_equivalence``).
 
 CI budget (2 CPU cores): every prompt's greedy baseline is computed once per test run, by whichever pytest-xdist
 worker gets to it first, and shared with the others through files (a worker that waits for a baseline computes a
@@ -31,6 +32,7 @@ from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from tests.decoding.planted import PlantedDrafter
 
 pytestmark = pytest.mark.slow
 
@@ -119,17 +121,29 @@ def make_drafter(name: str, target):
 
 
 def check_equivalence(smollm2, greedy_baseline, drafter_name: str, indices: list[int]) -> None:
+    """Each prompt decodes with the drafter's own proposals on odd steps and, on even ones, with the target's greedy
+    continuation planted along the tree's last-created deepest path (tests/decoding/planted.py): random heads alone
+    get almost nothing accepted, and the accepted paths, off the first branch in a branching tree, are what the
+    cache commit and the drafter's re-feed must get right (they also make each prompt ~2x cheaper)."""
     model, tokenizer = smollm2
-    generator = SpeculativeGenerator(model, tokenizer, make_drafter(drafter_name, model))
+    drafter = make_drafter(drafter_name, model)
+    planted_steps = 0
     for index in indices:
         ids, expected = greedy_baseline(index)
-        result = generator.generate(ids, max_new_tokens=MAX_NEW_TOKENS)
+        planted = PlantedDrafter(drafter, expected)
+        result = SpeculativeGenerator(model, tokenizer, planted).generate(ids, max_new_tokens=MAX_NEW_TOKENS)
         assert result.token_ids == expected, f"{drafter_name} diverged from greedy generate on prompt {index}"
         # One forward per step plus the prefill; a step commits its accepted drafts and one more token, and only the
         # last step can be cut short (EOS, max_new_tokens): the counts must add up to the tokens returned.
         forwards, accepted = result.stats.target_forwards, result.stats.accepted_lengths
         assert forwards == 1 + len(accepted)
         assert forwards - 1 + sum(accepted[:-1]) < len(expected) <= forwards + sum(accepted)
+        (state,) = planted.states
+        assert len(state.planted) == len(accepted)
+        # a planted path is the target's own continuation: all of it is accepted (the last step may stop early)
+        assert all(taken >= depth for taken, depth in zip(accepted[:-1], state.planted[:-1])), (index, accepted)
+        planted_steps += sum(depth > 0 for depth in state.planted)
+    assert planted_steps >= len(indices)  # every prompt got at least one planted path on average
 
 
 def test_prompt_lookup_all_prompts(smollm2, greedy_baseline):
