@@ -134,7 +134,8 @@ class SpeculativeGenerator:
         backoff: bool | DraftBackoff = False,
     ) -> None:
         """``cpu_small_batch_linear``: on CPU, compute the few-token matrix products of verification with the
-        faster kernel of ``specheads.decoding.cpu_kernels`` (no effect on GPU or in bf16).
+        other kernel of ``specheads.decoding.cpu_kernels`` for the row counts where it measures faster on this
+        machine (timed once per process; no effect on GPU or in bf16).
 
         ``backoff``: stop drafting while it does not pay on the current request (``specheads.decoding.backoff``;
         lossless). True uses the default policy; a ``DraftBackoff`` is copied afresh for every request."""

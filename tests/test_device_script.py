@@ -1,0 +1,34 @@
+"""``scripts/h200_bench.sh``, the one-lease GPU benchmark: its steps refuse to run out of order, naming the missing
+step. (Its whole path, stage -> receive -> run, was rehearsed on a CPU with ``DEVICE=cpu``, see docs/results.md; a
+run trains and benchmarks, too long for CI.)"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "h200_bench.sh"
+
+
+def run_step(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_the_script_parses_and_names_its_steps():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    for args in ((), ("bogus",)):
+        result = run_step(*args)
+        assert result.returncode == 2 and "usage: bash scripts/h200_bench.sh stage|receive|run" in result.stderr
+
+
+@pytest.mark.skipif((REPO / ".device").exists(), reason="a staged .device/ is here (a developer's checkout)")
+def test_receive_and_run_say_which_step_is_missing(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "SPECHEADS_DEVICE_WORK": str(tmp_path / "work"), "OUT_DIR": str(tmp_path / "out")}
+    received = run_step("receive", env=env)
+    assert received.returncode == 2 and "run 'stage' first" in received.stderr
+    ran = run_step("run", env=env)
+    assert ran.returncode == 2 and "'receive' did not run on this machine" in ran.stderr
+    assert not (tmp_path / "out").exists()  # nothing started
