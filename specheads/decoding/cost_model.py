@@ -42,7 +42,7 @@ from specheads.decoding.verify import verify_tree
 logger = logging.getLogger(__name__)
 
 COST_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
-COST_CURVE_VERSION = 5  # bump when what is timed changes (2: small_batch_linear; 3: row-major; 4: sizes; 5: kernel measured)
+COST_CURVE_VERSION = 5  # bump when what is timed changes (2: swap kernel; 3: row-major; 4: sizes; 5: measured swap)
 """Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
 
 Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"
