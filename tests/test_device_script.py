@@ -7,8 +7,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "h200_bench.sh"
 
@@ -24,11 +22,15 @@ def test_the_script_parses_and_names_its_steps():
         assert result.returncode == 2 and "usage: bash scripts/h200_bench.sh stage|receive|run" in result.stderr
 
 
-@pytest.mark.skipif((REPO / ".device").exists(), reason="a staged .device/ is here (a developer's checkout)")
 def test_receive_and_run_say_which_step_is_missing(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "SPECHEADS_DEVICE_WORK": str(tmp_path / "work"), "OUT_DIR": str(tmp_path / "out")}
+    env = {"PATH": "/usr/bin:/bin", "SPECHEADS_DEVICE_STAGE": str(tmp_path / "stage"), "OUT_DIR": str(tmp_path / "out")}
+    env["SPECHEADS_DEVICE_WORK"] = str(tmp_path / "work")
     received = run_step("receive", env=env)
     assert received.returncode == 2 and "run 'stage' first" in received.stderr
     ran = run_step("run", env=env)
     assert ran.returncode == 2 and "'receive' did not run on this machine" in ran.stderr
     assert not (tmp_path / "out").exists()  # nothing started
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "target.part").write_bytes(b"part 1")  # received, but part 2 not carried
+    ran = run_step("run", env=env)
+    assert ran.returncode == 2 and "stage/2 here: carry it" in ran.stderr
