@@ -113,10 +113,12 @@ class TrainSection:
     batch_size: int = 8
     eval_batch_size: int = 8
     grad_accum: int = 1
+    weight_by_tokens: bool = True  # a step's loss is its tokens' mean (false: the mean of its micro-batches')
     group_by_length: bool = False  # batches of similar lengths (less padding; as transformers' Trainer option)
     lr: float = 1e-3
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adam_eps: float = 1e-8  # AdamW's epsilon (transformers' adam_epsilon), added to sqrt(v)
     scheduler: str = "cosine"
     warmup_steps: int = 0
     max_grad_norm: float = 1.0
@@ -394,6 +396,8 @@ def _check_bounds(cfg: TrainConfig) -> None:
         raise ConfigError(f"lora.r (the adapters' rank) must be >= 1, found {cfg.lora.r}.")
     if not 0 <= cfg.lora.dropout < 1:
         raise ConfigError(f"lora.dropout must be in [0, 1), found {cfg.lora.dropout}.")
+    if cfg.train.adam_eps <= 0:
+        raise ConfigError(f"train.adam_eps must be > 0 (AdamW divides by sqrt(v) + eps), found {cfg.train.adam_eps}.")
     if cfg.loss.decay <= 0:
         raise ConfigError(
             f"loss.decay must be > 0 (head k / step i is weighted decay**k; at 0 only the first one would learn), "

@@ -3,7 +3,8 @@
 Only the objective (the head, plus Medusa-2's LoRA adapters), the optimizer, the train dataloader and the scheduler
 are prepared; the frozen target stays a plain module on the device and is never wrapped, sharded or saved (Medusa-2's
 objective holds it, and its checkpoints leave its frozen weights out: ``keep_trainable_state_only``).
-A "step" is one optimizer update (``grad_accum`` micro-batches). Data order is a function of (seed, epoch) via
+A "step" is one optimizer update (``grad_accum`` micro-batches, each weighted by its loss tokens:
+``accumulation``). Data order is a function of (seed, epoch) via
 Accelerate's seedable sampler, and resume skips exactly the micro-batches already consumed, so a resumed run ends
 with the same weights as an uninterrupted one.
 """
@@ -39,6 +40,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
 from specheads.target import load_target
+from specheads.training.accumulation import accumulation_rounds, loss_tokens, micro_batches, token_weights
 from specheads.training.checkpoint import (
     check_resume_config,
     check_resume_data,
@@ -259,7 +261,8 @@ def evaluate(accelerator, objective, loader, features: FeatureSource, max_batche
             repeated = repeated_eval_rows(accelerator, rows["loss_mask"].shape[0])
             rows["loss_mask"][rows["loss_mask"].shape[0] - repeated :] = 0  # in no loss and no statistic
             loss, stats = objective(*features(batch), 0)  # every process runs it: ZeRO-3/FSDP gather weights
-            stats["loss"] = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)])
+            tokens = loss_tokens(rows).to(loss.device)
+            stats["loss"] = torch.stack([loss.detach().float() * tokens, tokens])  # per token, as training weighs it
             if repeated == rows["loss_mask"].shape[0]:  # nothing real here; same keys on every rank for the reduce
                 stats = {name: torch.zeros_like(value) for name, value in stats.items()}
             add_stats(totals, stats)
@@ -405,7 +408,9 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         )
     eval_loader = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=merge)
     groups = parameter_groups(objective, tc.lr, cfg.lora.lr)
-    optimizer = torch.optim.AdamW(groups, lr=tc.lr, betas=tuple(tc.adam_betas), weight_decay=tc.weight_decay)
+    optimizer = torch.optim.AdamW(
+        groups, lr=tc.lr, betas=tuple(tc.adam_betas), eps=tc.adam_eps, weight_decay=tc.weight_decay
+    )
     # Accelerate steps a prepared scheduler once per process per update, so count in those units.
     n = accelerator.num_processes
     scheduler = get_scheduler(
@@ -444,59 +449,52 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         return metrics
 
     metrics = run_eval() if tc.eval_every and step == 0 else {}
-    micro_per_epoch = len(train_loader)
-    micro = step * tc.grad_accum  # micro-batches consumed so far
-    epoch, skip = divmod(micro, micro_per_epoch)
+    micro = step * tc.grad_accum  # micro-batches consumed so far (a step spans an epoch's end; see accumulation)
     throughput = Throughput(accelerator)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (tc.progress_bar and accelerator.is_main_process))
     stopped = False
     objective.train()
+    rounds = accumulation_rounds(micro_batches(accelerator, train_loader, micro), tc.grad_accum)
     while step < tc.max_steps and not stopped:
-        train_loader.set_epoch(epoch)
-        batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
-        skip = 0
-        for batch in batches:
+        group = next(rounds)
+        weights = token_weights(accelerator, group, tc.grad_accum, tc.weight_by_tokens)  # one all-reduce
+        for batch, (weight, tokens) in zip(group, weights):
             throughput.count(batch)
             draw = micro * accelerator.num_processes + accelerator.process_index
             micro += 1
             with accelerator.accumulate(objective):
                 loss, stats = objective(*features(batch), draw)
-                accelerator.backward(loss)
+                accelerator.backward(loss * weight)  # token-weighted: the step's gradient is its tokens' mean
                 if accelerator.sync_gradients and tc.max_grad_norm > 0:
                     accelerator.clip_grad_norm_(params, tc.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-            stats["loss"] = torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)])
+            stats["loss"] = torch.stack([loss.detach().float() * tokens, tokens])
             add_stats(window, stats)
-            if not accelerator.sync_gradients:
-                continue
-            step += 1
-            bar.update(1)
-            if step % tc.log_every == 0 or step == tc.max_steps:
-                logged = {f"train/{k}": v for k, v in _reduce_stats(accelerator, window).items()}
-                logged["train/lr"] = scheduler.get_last_lr()[0]
-                if len(groups) > 1:
-                    logged["train/lr_lora"] = scheduler.get_last_lr()[1]
-                logged["train/target_tokens_per_s"] = throughput.window_rate()
-                accelerator.log(_with_tau(logged, "train/"), step=step)
-                bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **_bar_fields(metrics))
-                window = {}
-            if tc.eval_every and (step % tc.eval_every == 0 or step == tc.max_steps):
-                with throughput.paused():
-                    metrics = run_eval()
-                bar.set_postfix(**_bar_fields(metrics))
-            if tc.save_every and step % tc.save_every == 0:
-                with throughput.paused():
-                    log_window = {k: v.tolist() for k, v in window.items()}  # the next logged loss spans the resume
-                    save_checkpoint(
-                        accelerator, out, step, tc.keep_last, to_yaml(cfg), digest, {"log_window": log_window}
-                    )
-            if tc.stop_after is not None and step >= tc.stop_after:
-                stopped = True
-            if stopped or step >= tc.max_steps:
-                break
-        epoch += 1
+        if not accelerator.sync_gradients:  # Accelerate's own count of A micro-batches must end with the group
+            raise RuntimeError(f"optimizer step out of step with the {len(group)} micro-batches accumulated")
+        step += 1
+        bar.update(1)
+        if step % tc.log_every == 0 or step == tc.max_steps:
+            logged = {f"train/{k}": v for k, v in _reduce_stats(accelerator, window).items()}
+            logged["train/lr"] = scheduler.get_last_lr()[0]
+            if len(groups) > 1:
+                logged["train/lr_lora"] = scheduler.get_last_lr()[1]
+            logged["train/target_tokens_per_s"] = throughput.window_rate()
+            accelerator.log(_with_tau(logged, "train/"), step=step)
+            bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **_bar_fields(metrics))
+            window = {}
+        if tc.eval_every and (step % tc.eval_every == 0 or step == tc.max_steps):
+            with throughput.paused():
+                metrics = run_eval()
+            bar.set_postfix(**_bar_fields(metrics))
+        if tc.save_every and step % tc.save_every == 0:
+            with throughput.paused():
+                log_window = {k: v.tolist() for k, v in window.items()}  # the next logged loss spans the resume
+                save_checkpoint(accelerator, out, step, tc.keep_last, to_yaml(cfg), digest, {"log_window": log_window})
+        if tc.stop_after is not None and step >= tc.stop_after:
+            stopped = True
     bar.close()
     accelerator.wait_for_everyone()
     for tracker in accelerator.trackers:  # close run files before the final save rewrites the output folder

@@ -75,6 +75,12 @@ def _ratio(hits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.stack([(hits & mask).sum().float(), mask.sum().float()])
 
 
+def _per_token(mean: torch.Tensor, count: torch.Tensor | int) -> torch.Tensor:
+    """A loss statistic from a mean over ``count`` tokens: sums over batches and ranks give the per-token mean."""
+    count = torch.as_tensor(count, dtype=torch.float32, device=mean.device)
+    return torch.stack([mean.detach().float() * count, count])
+
+
 def ratios(stats: Stats) -> dict[str, float]:
     """Turn accumulated ``[numerator, denominator]`` pairs into floats (a device sync: call at loop boundaries)."""
     return {name: (pair[0] / pair[1].clamp_min(1.0)).item() for name, pair in stats.items()}
@@ -139,7 +145,7 @@ def medusa_loss(
         labels = reference[:, offset:][valid]  # (N,)
         top5 = pred.topk(min(5, pred.shape[-1]), dim=-1).indices  # (N, 5)
         count = valid.sum().float()
-        stats[f"loss/head{k}"] = torch.stack([head_loss.detach(), head_loss.new_ones(())])
+        stats[f"loss/head{k}"] = _per_token(head_loss, count)
         stats[f"top1/head{k}"] = torch.stack([(top5[:, 0] == labels).sum().float(), count])
         stats[f"top5/head{k}"] = torch.stack([(top5 == labels[:, None]).any(-1).sum().float(), count])
     return loss, stats
@@ -154,7 +160,7 @@ def lora_distill_loss(
     entropy = -(original.probs * original.probs.clamp_min(1e-12).log()).sum(-1)
     kl = masked_mean(cross - entropy, valid)
     agree = adapted_logits.argmax(-1) == original.argmax()
-    return kl, {"lora/kl": torch.stack([kl.detach(), kl.new_ones(())]), "lora/top1_agree": _ratio(agree, valid)}
+    return kl, {"lora/kl": _per_token(kl, valid.sum()), "lora/top1_agree": _ratio(agree, valid)}
 
 
 def eagle1_loss(
@@ -174,10 +180,10 @@ def eagle1_loss(
     regression = masked_mean(F.smooth_l1_loss(hidden.float(), next_features.float(), reduction="none").mean(-1), valid)
     token = masked_mean(soft_cross_entropy(logits, target), valid)
     loss = feature_weight * regression + token_weight * token
-    ones = regression.new_ones(())
+    count = valid.sum()
     return loss, {
-        "loss/feature": torch.stack([regression.detach(), ones]),
-        "loss/token": torch.stack([token.detach(), ones]),
+        "loss/feature": _per_token(regression, count),
+        "loss/token": _per_token(token, count),
         "top1/step1": _ratio(logits.argmax(-1) == target.argmax(), valid),
     }
 
@@ -209,7 +215,7 @@ def draft_model_loss(
     matched = torch.zeros_like(valid, dtype=torch.bool)
     matched[valid] = top5[:, 0] == reference
     stats: Stats = {
-        "loss/token": torch.stack([loss.detach().float(), loss.new_ones((), dtype=torch.float32)]),
+        "loss/token": _per_token(loss, len(per_token)),
         "top5/step1": _ratio((top5 == reference[:, None]).any(-1), torch.ones_like(reference, dtype=torch.bool)),
     }
     accepted_so_far = torch.ones_like(matched)  # chains from position s whose guesses so far were all accepted
@@ -298,7 +304,7 @@ def eagle3_ttt_loss(
         step_loss = soft_cross_entropy(logits, step_target).mean() if len(logits) else logits.sum()
         loss = loss + decay**j * step_loss
         hits = logits.argmax(-1) == shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span][valid]
-        stats[f"loss/step{j + 1}"] = torch.stack([step_loss.detach(), step_loss.new_ones(())])
+        stats[f"loss/step{j + 1}"] = _per_token(step_loss, len(logits))
         # acceptance over every trained position: a token outside the draft vocabulary can never be proposed, so it
         # counts as a miss (only the loss leaves it out)
         stats[f"top1/step{j + 1}"] = torch.stack([hits.sum().float(), trained.sum().float()])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import REPO, tiny_overrides
+from train_helpers import GRADIENT_AS_UPDATE, REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target
@@ -108,6 +108,50 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     assert (out / "checkpoints" / "step-00000002").is_dir()
     target, _ = load_target(Path(tiny_target_dir))
     load_head(out, target)
+
+
+@pytest.mark.parametrize("launch_config", ["cpu-2proc.yaml", "deepspeed-zero2.yaml"], ids=["ddp", "deepspeed-zero2"])
+def test_two_processes_take_the_step_one_process_takes(
+    launch_config, tiny_target_dir, small_chat_file, tmp_path, monkeypatch
+):
+    """Two ranks of 2 samples each take the gradient step one process takes on the same 4 samples in one batch: each
+    rank's loss is weighted by its share of the step's tokens, which the engines' gradient average (DDP's, DeepSpeed's)
+    would otherwise leave equal (a rank with fewer tokens would count as much as one with more)."""
+    from specheads.training.config import load_config
+    from specheads.training.loop import Throughput, train
+
+    seen: list[list[int]] = []
+    count = Throughput.count
+
+    def recording(self: Throughput, batch) -> None:
+        rows = zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())
+        seen.extend([t for t, keep in zip(ids, mask) if keep] for ids, mask in rows)
+        count(self, batch)
+
+    monkeypatch.setattr(Throughput, "count", recording)
+    step = dict(max_steps=1, max_grad_norm=0, warmup_steps=0)
+    config = REPO / "configs" / "eagle1" / "smollm2-135m.yaml"
+    one = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "one", batch_size=4, **step)
+    train(load_config(config, GRADIENT_AS_UPDATE + one))
+    start_overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "start", **step)
+    train(load_config(config, [*GRADIENT_AS_UPDATE, "train.lr=0"] + start_overrides))  # the initial weights
+
+    two = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "two", batch_size=2, **step)
+    ranks = _launch(launch_config, "eagle1", tmp_path, GRADIENT_AS_UPDATE + two)
+    _assert_in_sync(ranks, "DEEPSPEED" if launch_config.startswith("deepspeed") else "MULTI_CPU", 1)
+    shares = [[sample for batch in rank["train_samples"] for sample in batch] for rank in ranks]
+    assert sorted(shares[0] + shares[1]) == sorted(seen[:4])  # the same four samples
+    assert sum(map(len, shares[0])) != sum(map(len, shares[1]))  # unequal shares, or an unweighted mean would pass
+    weights = {name: load_file(str(tmp_path / name / "model.safetensors")) for name in ("one", "two", "start")}
+    for name, start in weights["start"].items():
+        expected = weights["one"][name] - start
+        torch.testing.assert_close(
+            weights["two"][name] - start,
+            expected,
+            rtol=1e-3,
+            atol=1e-4 * expected.abs().max().item(),
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
 
 
 def test_eval_over_two_processes_counts_each_held_out_sample_once(tiny_target_dir, small_chat_file, tmp_path):

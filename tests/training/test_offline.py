@@ -70,7 +70,7 @@ def test_several_caches_train_as_one_dataset(tiny_target_dir, small_chat_file, t
     assert data_digest(first, held_out) == data_digest(CachedFeatureDataset(caches["a"] / "train"), held_out)
     assert data_digest(both, held_out) != data_digest(first, held_out) != data_digest(second, held_out)
 
-    # The untrained head's eval loss over both eval splits (one batch of 4 from each) is the mean of each alone.
+    # The untrained head's eval loss over both eval splits (one batch of 4 from each) is the per-token mean of both.
     step0 = {}
     for name, extra in (("a", []), ("b", []), ("ab", [caches["b"]])):
         cache = caches["a"] if name != "b" else caches["b"]
@@ -78,7 +78,10 @@ def test_several_caches_train_as_one_dataset(tiny_target_dir, small_chat_file, t
         overrides += ["features.mode=offline", f"features.cache_dir={cache}", "train.eval_every=1"]
         overrides += ["loss.input_noise=0.0", f"features.extra_cache_dirs=[{','.join(map(str, extra))}]"]
         step0[name] = train(load_config(REPO / "configs" / "eagle1" / "smollm2-135m.yaml", overrides)).history[0]
-    assert step0["ab"]["eval/loss"] == pytest.approx((step0["a"]["eval/loss"] + step0["b"]["eval/loss"]) / 2, rel=1e-5)
+    tokens = {name: sum(map(len, CachedFeatureDataset(caches[name] / "eval").loss_tokens())) for name in "ab"}
+    assert tokens["a"] != tokens["b"]  # so that the plain mean of the two would differ
+    weighted = sum(step0[name]["eval/loss"] * tokens[name] for name in "ab") / sum(tokens.values())
+    assert step0["ab"]["eval/loss"] == pytest.approx(weighted, rel=1e-5)
     assert step0["a"]["eval/loss"] != pytest.approx(step0["b"]["eval/loss"], rel=1e-3)
 
 

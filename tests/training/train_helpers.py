@@ -26,3 +26,10 @@ def tiny_overrides(target_dir: Path, data_file: Path, output_dir: Path, **train:
         "data.eval_size=8",
         *(f"train.{key}={value}" for key, value in settings.items()),
     ]
+
+
+# AdamW with a huge epsilon and a learning rate as large turn the first update into ``-grad`` (``m / (sqrt(v) + eps)``
+# with ``sqrt(v) = |grad|`` much below eps), so one step's weights compare gradients through the real loop. EAGLE-1's
+# losses average over exactly the loss tokens, which token-weighted accumulation weighs by; no input noise, whose
+# draw depends on the micro-batch index. For ``configs/eagle1``.
+GRADIENT_AS_UPDATE = ["loss.input_noise=0", "data.max_samples=16", "train.adam_eps=1e6", "train.lr=1e6"]
