@@ -1,7 +1,9 @@
 """Entry point for `accelerate launch` tests: train, then write this rank's view of the weights and the samples it
 trained on to a file.
 
-SPECHEADS_TEST_FSDP_ON_CPU=1 runs an FSDP launch config on CPU processes (see below).
+SPECHEADS_TEST_FSDP_ON_CPU=1 runs an FSDP launch config on CPU processes (see below). SPECHEADS_TEST_HANG_RANK=N makes
+rank N hang before its first training micro-batch, as a stuck data pipeline or device would: the others then wait in
+a collective until ``train.dist_timeout_s``.
 
 accelerate launch ... tests/training/launch_train.py CONFIG RESULT_DIR key=value ...
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,18 @@ def record_training_samples() -> list[list[list[int]]]:
     return seen
 
 
+def hang_before_training(rank: int) -> None:
+    """On ``rank``, the first training micro-batch never arrives (the loop hands each one to ``Throughput.count``)."""
+    count = Throughput.count
+
+    def hanging(self: Throughput, batch: Any) -> None:
+        if PartialState().process_index == rank:
+            time.sleep(3600)
+        count(self, batch)
+
+    Throughput.count = hanging
+
+
 def main() -> None:
     config, result_dir, *overrides = sys.argv[1:]
     if os.environ.get("SPECHEADS_TEST_FSDP_ON_CPU") == "1":
@@ -49,6 +64,8 @@ def main() -> None:
         # else: the launch config's FSDP plugin, Accelerate's FSDP2 preparation and torch's sharding all run for real.
         PartialState(cpu=True).distributed_type = DistributedType.MULTI_GPU
     samples = record_training_samples()
+    if "SPECHEADS_TEST_HANG_RANK" in os.environ:
+        hang_before_training(int(os.environ["SPECHEADS_TEST_HANG_RANK"]))
     result = train(load_config(config, overrides))
     state = PartialState()
     deepspeed = AcceleratorState().deepspeed_plugin

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,15 +29,19 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _launch(launch_config: str, head_config: str, result_dir: Path, overrides: list[str], **env: str) -> list[dict]:
-    """`accelerate launch` two CPU processes of tests/training/launch_train.py; each rank's record."""
-    command = [
+def _launch_command(launch_config: str, head_config: str, result_dir: Path, overrides: list[str]) -> list[str]:
+    return [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(REPO / "configs" / "accelerate" / launch_config),
         "--num_processes", "2", "--main_process_port", str(_free_port()),
         str(REPO / "tests" / "training" / "launch_train.py"),
         str(REPO / "configs" / head_config / "smollm2-135m.yaml"), str(result_dir), *overrides,
     ]  # fmt: skip
+
+
+def _launch(launch_config: str, head_config: str, result_dir: Path, overrides: list[str], **env: str) -> list[dict]:
+    """`accelerate launch` two CPU processes of tests/training/launch_train.py; each rank's record."""
+    command = _launch_command(launch_config, head_config, result_dir, overrides)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", **env}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -300,3 +305,19 @@ def test_each_rank_loads_the_target_onto_its_own_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("ACCELERATE_USE_CPU")
     assert _launch_device() == torch.device("cpu")
+
+
+def test_a_hung_rank_ends_the_launch_after_dist_timeout_s(tiny_target_dir, small_chat_file, tmp_path):
+    """Rank 1 never reaches its first micro-batch; rank 0 waits in the step's first collective for
+    ``train.dist_timeout_s`` (5 s here), then fails, and the launch ends with an error instead of hanging."""
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "run", max_steps=2, batch_size=2)
+    overrides += ["data.max_samples=16", "train.dist_timeout_s=5"]
+    command = _launch_command("cpu-2proc.yaml", "eagle1", tmp_path, overrides)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SPECHEADS_TEST_HANG_RANK": "1"}
+    start = time.monotonic()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    waited = time.monotonic() - start
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "Timed out waiting 5000ms" in done.stderr, done.stderr[-4000:]  # gloo's words, for the configured 5 s
+    assert waited < 240, f"the launch took {waited:.0f} s to fail: the timeout did not end it"
+    assert not (tmp_path / "rank0.json").exists()  # rank 0 did not finish training alone
