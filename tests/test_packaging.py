@@ -102,12 +102,16 @@ def test_the_wheel_ships_the_tree_files_license_and_version(dists):
     assert metadata["Version"] == specheads.__version__ and metadata["License-Expression"] == "Apache-2.0"
 
 
-def test_the_sdist_ships_the_whole_test_suite(dists):
+def test_the_sdist_ships_the_whole_test_suite_and_what_it_reads(dists):
     with tarfile.open(dists["sdist"]) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     tests = {name for name in _git_files() if name.startswith("tests/")}
     assert {"tests/conftest.py", "tests/tiny_models.py", "tests/test_packaging.py"} <= tests
     assert tests <= names, sorted(tests - names)
+    # the configs, committed data, scripts and docs the tests, the README's commands and `make demo` read
+    shipped = {name for name in _git_files() if name.split("/")[0] in {"configs", "data", "scripts", "docs"}}
+    assert {"configs/eagle3/smollm2-135m.yaml", "data/smollm2-135m-instruct-greedy-1k.jsonl"} <= shipped
+    assert shipped | {"Makefile"} <= names, sorted(shipped - names)
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
     assert {"LICENSE", "specheads/decoding/trees/small10.json"} <= names
 
