@@ -275,3 +275,33 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     os.replace(tmp, path)
+
+
+class FeatureSource:
+    """Where a batch's target features come from: the frozen target (online) or the cache (offline).
+
+    Online batches are dicts; offline batches are ``(dict, TargetFeatures)`` pairs from ``collate_features``.
+    """
+
+    def __init__(self, target: PreTrainedModel, layer_ids: list[int], with_logits: bool) -> None:
+        self.target = target
+        self.layer_ids = layer_ids
+        self.with_logits = with_logits
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, Any] | tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
+        if isinstance(batch, (tuple, list)):
+            batch, cached = batch
+            device = batch["input_ids"].device
+            moved = {name: value.to(device) for name, value in cached.hidden_states.items()}
+            for name in ("logits", "topk_values", "topk_indices"):
+                if getattr(cached, name) is not None:
+                    setattr(cached, name, getattr(cached, name).to(device))
+            cached.hidden_states = moved
+            return batch, cached
+        if not (self.layer_ids or self.with_logits):
+            return batch, None
+        features = extract_features(
+            self.target, batch["input_ids"], batch["attention_mask"], self.layer_ids, with_logits=self.with_logits
+        )
+        return batch, features

@@ -11,14 +11,9 @@ with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import math
-import os
-import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,9 +23,7 @@ from accelerate import Accelerator
 from accelerate.utils import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
-    InitProcessGroupKwargs,
     ProjectConfiguration,
-    parse_flag_from_env,
     set_seed,
 )
 from torch.utils.data import DataLoader
@@ -40,7 +33,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
 from specheads.target import load_target
-from specheads.training.accumulation import accumulation_rounds, loss_tokens, micro_batches, token_weights
+from specheads.training.accumulation import accumulation_rounds, micro_batches, token_weights
 from specheads.training.checkpoint import (
     check_resume_config,
     check_resume_data,
@@ -64,8 +57,18 @@ from specheads.training.feature_cache import (
     open_feature_caches,
     warn_ignored_data_settings,
 )
-from specheads.training.features import extract_features
-from specheads.training.losses import Stats, add_stats, chain_tau, ratios
+from specheads.training.features import FeatureSource
+from specheads.training.launch import (
+    check_world,
+    cpu_processes,
+    has_accelerator,
+    launch_device,
+    process_group_kwargs,
+    resolve_mixed_precision,
+    sync_deepspeed_clipping,
+)
+from specheads.training.losses import Stats, add_stats
+from specheads.training.metrics import Throughput, bar_fields, evaluate, reduce_stats, weights_checksum, with_tau
 from specheads.training.objective import build_objective, hold_adapters, parameter_groups
 from specheads.training.tracking import flatten, tracker_setup
 
@@ -81,74 +84,6 @@ class TrainResult:
     finished: bool = True  # False when stopped by ``train.stop_after`` (no final head saved)
     checksum: float = 0.0  # of this rank's trainable weights: ranks of a data-parallel run must agree
     target_tokens_per_s: float = 0.0  # non-padding tokens trained on per second, all ranks, eval/saves excluded
-
-
-class Throughput:
-    """Training throughput in target tokens (non-padding positions) per second, summed over ranks.
-
-    Tokens are counted as tensors and only read at log boundaries; eval and checkpoint time is excluded.
-    """
-
-    def __init__(self, accelerator: Accelerator) -> None:
-        self.accelerator = accelerator
-        self.tokens = torch.zeros((), dtype=torch.float64, device=accelerator.device)
-        self.start = time.perf_counter()
-        self.total_tokens = 0.0
-        self.total_seconds = 0.0
-
-    def count(self, batch: Any) -> None:
-        data = batch[0] if isinstance(batch, (tuple, list)) else batch
-        self.tokens += data["attention_mask"].sum()
-
-    def window_rate(self) -> float:
-        seconds = time.perf_counter() - self.start
-        tokens = self.accelerator.reduce(self.tokens.clone(), reduction="sum").item()
-        self.total_tokens += tokens
-        self.total_seconds += seconds
-        self.tokens.zero_()
-        self.start = time.perf_counter()
-        return tokens / max(seconds, 1e-9)
-
-    def overall_rate(self) -> float:
-        return self.total_tokens / max(self.total_seconds, 1e-9)
-
-    @contextlib.contextmanager
-    def paused(self):
-        stopped = time.perf_counter()
-        yield
-        self.start += time.perf_counter() - stopped
-
-
-def weights_checksum(module: torch.nn.Module) -> float:
-    """A cheap fingerprint of the trainable weights (sum and sum of squares in float64). Call it on every rank:
-    FSDP2 parameters are sharded DTensors, gathered here (a collective)."""
-    total = 0.0
-    for param in module.parameters():
-        if param.requires_grad:
-            data = param.detach()
-            if hasattr(data, "full_tensor"):
-                data = data.full_tensor()
-            data = data.double()
-            total += data.sum().item() + 0.5 * data.square().sum().item()
-    return total
-
-
-def resolve_mixed_precision(setting: str) -> str:
-    """``train.mixed_precision``: ``auto`` takes what ``accelerate launch`` was given (its config file's
-    ``mixed_precision`` or ``--mixed_precision``, exported as ``ACCELERATE_MIXED_PRECISION``), else ``no``. An
-    explicit value wins over the launch's, with a warning when they differ: the launch config would otherwise be
-    ignored without a word."""
-    launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
-    if setting == "auto":
-        return launched or "no"
-    if launched and launched != setting:
-        logger.warning(
-            "train.mixed_precision=%s overrides the launch's mixed_precision=%s; set train.mixed_precision=auto "
-            "to follow the launch config",
-            setting,
-            launched,
-        )
-    return setting
 
 
 def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:
@@ -190,96 +125,6 @@ def _warm_start(cfg: TrainConfig, target: PreTrainedModel) -> DraftHead:
             "keeps the saved architecture: drop these options or make them match"
         )
     return head
-
-
-def chain_acceptance(metrics: dict[str, float], prefix: str) -> list[float]:
-    """Top-1 acceptance per draft position (Medusa head k / EAGLE step k), in chain order."""
-    for kind in ("head", "step"):
-        found = []
-        while f"{prefix}top1/{kind}{len(found) + 1}" in metrics:
-            found.append(metrics[f"{prefix}top1/{kind}{len(found) + 1}"])
-        if found:
-            return found
-    return []
-
-
-class FeatureSource:
-    """Where a batch's target features come from: the frozen target (online) or the cache (offline).
-
-    Online batches are dicts; offline batches are ``(dict, TargetFeatures)`` pairs from ``collate_features``.
-    """
-
-    def __init__(self, target: PreTrainedModel, layer_ids: list[int], with_logits: bool) -> None:
-        self.target = target
-        self.layer_ids = layer_ids
-        self.with_logits = with_logits
-
-    @torch.no_grad()
-    def __call__(self, batch: dict[str, Any] | tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
-        if isinstance(batch, (tuple, list)):
-            batch, cached = batch
-            device = batch["input_ids"].device
-            moved = {name: value.to(device) for name, value in cached.hidden_states.items()}
-            for name in ("logits", "topk_values", "topk_indices"):
-                if getattr(cached, name) is not None:
-                    setattr(cached, name, getattr(cached, name).to(device))
-            cached.hidden_states = moved
-            return batch, cached
-        if not (self.layer_ids or self.with_logits):
-            return batch, None
-        features = extract_features(
-            self.target, batch["input_ids"], batch["attention_mask"], self.layer_ids, with_logits=self.with_logits
-        )
-        return batch, features
-
-
-def _reduce_stats(accelerator: Accelerator, stats: Stats) -> dict[str, float]:
-    """Sum ``[numerator, denominator]`` pairs over ranks (same key order everywhere), then take ratios."""
-    if not stats:
-        return {}
-    names = sorted(stats)
-    stacked = accelerator.reduce(torch.stack([stats[n] for n in names]).to(accelerator.device), reduction="sum")
-    return ratios(dict(zip(names, stacked)))
-
-
-def _with_tau(metrics: dict[str, float], prefix: str) -> dict[str, float]:
-    acceptance = chain_acceptance(metrics, prefix)
-    return {**metrics, f"{prefix}tau": chain_tau(acceptance)} if acceptance else metrics
-
-
-def evaluate(accelerator, objective, loader, features: FeatureSource, max_batches: int | None):
-    """Held-out per-head/per-step accuracy, loss, and the simulated chain tau. ``max_batches`` counts batches of
-    all processes together (each evaluates its share, rounded up)."""
-    objective.eval()
-    totals: Stats = {}
-    per_process = None if max_batches is None else math.ceil(max_batches / accelerator.num_processes)
-    with torch.no_grad():
-        for index, batch in enumerate(loader):
-            if per_process is not None and index >= per_process:
-                break
-            rows = batch[0] if isinstance(batch, tuple) else batch  # offline: (batch dict, features)
-            repeated = repeated_eval_rows(accelerator, rows["loss_mask"].shape[0])
-            rows["loss_mask"][rows["loss_mask"].shape[0] - repeated :] = 0  # in no loss and no statistic
-            loss, stats = objective(*features(batch), 0)  # every process runs it: ZeRO-3/FSDP gather weights
-            tokens = loss_tokens(rows).to(loss.device)
-            stats["loss"] = torch.stack([loss.detach().float() * tokens, tokens])  # per token, as training weighs it
-            if repeated == rows["loss_mask"].shape[0]:  # nothing real here; same keys on every rank for the reduce
-                stats = {name: torch.zeros_like(value) for name, value in stats.items()}
-            add_stats(totals, stats)
-    objective.train()
-    metrics = {f"eval/{k}": v for k, v in _reduce_stats(accelerator, totals).items()}
-    return _with_tau(metrics, "eval/")
-
-
-def repeated_eval_rows(accelerator: Accelerator, rows: int) -> int:
-    """How many trailing rows of this process's eval batch repeat samples already evaluated. With several processes
-    Accelerate completes the last round of batches with samples from the start of the split (``even_batches``, so
-    that every process runs each forward); its ``gradient_state.remainder`` says how many rows of that global batch
-    (this process's rows sit at ``process_index * rows``) are real, as ``gather_for_metrics`` reads it."""
-    state = accelerator.gradient_state
-    if accelerator.num_processes == 1 or not state.end_of_dataloader or state.remainder <= 0:
-        return 0
-    return rows - min(rows, max(0, state.remainder - accelerator.process_index * rows))
 
 
 def _datasets(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any, Any]:
@@ -356,26 +201,24 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         check_resume_config(resume_from, to_yaml(cfg))
     log_with, init_kwargs = tracker_setup(cfg)
     precision = resolve_mixed_precision(tc.mixed_precision)
-    if precision == "fp16" and not _has_accelerator():
+    if precision == "fp16" and not has_accelerator():
         raise ValueError(
             "train.mixed_precision=fp16 needs a GPU (on CPU, Accelerate would silently train in fp32); "
             "use train.mixed_precision=bf16 (CPU autocast) or no."
         )
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
-        target, tokenizer = load_target(
-            cfg.target.name, dtype=getattr(torch, cfg.target.dtype), device=_launch_device()
-        )
+        target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype), device=launch_device())
     target_was_training = target.training
     accelerator = Accelerator(
-        cpu=_cpu_processes(),
+        cpu=cpu_processes(),
         mixed_precision=precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tc.grad_accum, sync_with_dataloader=False),
         log_with=log_with,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-        kwargs_handlers=_process_group_kwargs(tc.dist_timeout_s),
+        kwargs_handlers=process_group_kwargs(tc.dist_timeout_s),
     )
-    _check_world(accelerator)
+    check_world(accelerator)
     keep_trainable_state_only(accelerator)
     set_seed(tc.seed)
     target.to(accelerator.device)
@@ -477,18 +320,18 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         step += 1
         bar.update(1)
         if step % tc.log_every == 0 or step == tc.max_steps:
-            logged = {f"train/{k}": v for k, v in _reduce_stats(accelerator, window).items()}
+            logged = {f"train/{k}": v for k, v in reduce_stats(accelerator, window).items()}
             logged["train/lr"] = scheduler.get_last_lr()[0]
             if len(groups) > 1:
                 logged["train/lr_lora"] = scheduler.get_last_lr()[1]
             logged["train/target_tokens_per_s"] = throughput.window_rate()
-            accelerator.log(_with_tau(logged, "train/"), step=step)
-            bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **_bar_fields(metrics))
+            accelerator.log(with_tau(logged, "train/"), step=step)
+            bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **bar_fields(metrics))
             window = {}
         if tc.eval_every and (step % tc.eval_every == 0 or step == tc.max_steps):
             with throughput.paused():
                 metrics = run_eval()
-            bar.set_postfix(**_bar_fields(metrics))
+            bar.set_postfix(**bar_fields(metrics))
         if tc.save_every and step % tc.save_every == 0:
             with throughput.paused():
                 log_window = {k: v.tolist() for k, v in window.items()}  # the next logged loss spans the resume
@@ -507,74 +350,6 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     accelerator.end_training()
     target.train(target_was_training)  # Medusa-2's objective switched the adapters inside it to train mode
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
-
-
-def sync_deepspeed_clipping(config: dict[str, Any], max_grad_norm: float) -> None:
-    """DeepSpeed clips inside its engine with the JSON's ``gradient_clipping``; Accelerate fills an ``auto`` there with
-    1.0, whatever ``train.max_grad_norm`` says. Put ``train.max_grad_norm`` there instead (0 = no clipping, as in
-    DeepSpeed), and refuse a JSON that sets another value."""
-    clipping = config.get("gradient_clipping", "auto")
-    if clipping == "auto":
-        config["gradient_clipping"] = float(max_grad_norm)
-    elif float(clipping) != float(max_grad_norm):
-        raise ValueError(
-            f"the DeepSpeed config sets gradient_clipping={clipping} but train.max_grad_norm={max_grad_norm}; set "
-            'gradient_clipping to "auto" in the JSON (it then follows train.max_grad_norm) or make them equal'
-        )
-
-
-def _has_accelerator() -> bool:
-    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-
-
-def _launch_device() -> torch.device:
-    """Where this process will train, known before the Accelerator exists: its local GPU under a launcher (as
-    Accelerate picks it), else the CPU. The frozen target loads straight onto it."""
-    if torch.cuda.is_available() and not parse_flag_from_env("ACCELERATE_USE_CPU"):
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-def _launched_with_deepspeed() -> bool:
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-
-
-def _launched_world() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _cpu_processes() -> bool:
-    """Several launched processes on a machine without a GPU (DeepSpeed aside: it finds its CPU accelerator itself).
-    Accelerate starts them from a MULTI_GPU launch config (configs/accelerate/cpu-2proc.yaml), but unless the
-    Accelerator is told ``cpu=True`` (or ``ACCELERATE_USE_CPU=1``) each trains alone, as a world of one, in the
-    same output folder."""
-    return _launched_world() > 1 and not _has_accelerator() and not _launched_with_deepspeed()
-
-
-def _check_world(accelerator: Accelerator) -> None:
-    """Every launched process must be one rank of one group: separate worlds of one would train the same run
-    independently and remove each other's checkpoints."""
-    if accelerator.num_processes != _launched_world():
-        raise RuntimeError(
-            f"launched {_launched_world()} processes (WORLD_SIZE) but Accelerate formed a group of "
-            f"{accelerator.num_processes} ({accelerator.distributed_type}); expected one group of all of them. On a "
-            "machine without a GPU, launch with configs/accelerate/cpu-2proc.yaml or a DeepSpeed config."
-        )
-
-
-def _process_group_kwargs(timeout_s: int) -> list[InitProcessGroupKwargs]:
-    """How long a collective waits for a hung rank (a dead one ends the launch at once), and the backend under
-    DeepSpeed on a CPU-only machine: Accelerate picks one only for accelerator devices, and would silently run every
-    rank as a world of one there. Name gloo (DeepSpeed's CPU accelerator talks gloo)."""
-    timeout = timedelta(seconds=timeout_s)
-    if _launched_with_deepspeed() and not torch.cuda.is_available():
-        return [InitProcessGroupKwargs(backend="gloo", timeout=timeout)]
-    return [InitProcessGroupKwargs(timeout=timeout)]
-
-
-def _bar_fields(metrics: dict[str, float]) -> dict[str, str]:
-    fields = {"tau": metrics.get("eval/tau"), "acc1": metrics.get("eval/top1/head1", metrics.get("eval/top1/step1"))}
-    return {k: f"{v:.3f}" for k, v in fields.items() if v is not None and not math.isnan(v)}
 
 
 def _save_final(accelerator, objective, cfg: TrainConfig, target, metrics: dict[str, float], out: Path) -> None:

@@ -22,7 +22,8 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 
 from specheads.training.config import load_config
-from specheads.training.loop import Throughput, train
+from specheads.training.loop import train
+from specheads.training.metrics import Throughput
 
 
 def record_training_samples() -> list[list[list[int]]]:

@@ -15,7 +15,8 @@ from train_helpers import GRADIENT_AS_UPDATE, REPO, tiny_overrides
 
 from specheads.training.accumulation import accumulation_rounds, loss_tokens
 from specheads.training.config import load_config
-from specheads.training.loop import Throughput, train
+from specheads.training.loop import train
+from specheads.training.metrics import Throughput
 
 EAGLE1 = REPO / "configs" / "eagle1" / "smollm2-135m.yaml"
 COUNT = Throughput.count  # the loop hands it every training micro-batch

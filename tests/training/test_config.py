@@ -163,7 +163,7 @@ def test_cli_reports_config_errors(capsys):
 def test_deepspeed_clipping_follows_train_max_grad_norm():
     """Accelerate fills a DeepSpeed ``"gradient_clipping": "auto"`` with 1.0; training puts its own value there first
     (the ZeRO-2 launch test checks the engine got it) and refuses a JSON value that disagrees."""
-    from specheads.training.loop import sync_deepspeed_clipping
+    from specheads.training.launch import sync_deepspeed_clipping
 
     config = json.loads((CONFIGS / "deepspeed" / "zero2.json").read_text())
     sync_deepspeed_clipping(config, 0.5)

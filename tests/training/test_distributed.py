@@ -123,7 +123,8 @@ def test_two_processes_take_the_step_one_process_takes(
     rank's loss is weighted by its share of the step's tokens, which the engines' gradient average (DDP's, DeepSpeed's)
     would otherwise leave equal (a rank with fewer tokens would count as much as one with more)."""
     from specheads.training.config import load_config
-    from specheads.training.loop import Throughput, train
+    from specheads.training.loop import train
+    from specheads.training.metrics import Throughput
 
     seen: list[list[int]] = []
     count = Throughput.count
@@ -294,17 +295,17 @@ def test_medusa2_under_deepspeed_checkpoints_without_the_frozen_target_and_resum
 def test_each_rank_loads_the_target_onto_its_own_gpu(monkeypatch):
     """The target loads before the Accelerator exists, straight onto the device the rank will train on (no host
     copy per rank): LOCAL_RANK's GPU, or the CPU when the launch asks for it or there is no GPU."""
-    from specheads.training.loop import _launch_device
+    from specheads.training.launch import launch_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
-    assert _launch_device() == torch.device("cuda", 3)
+    assert launch_device() == torch.device("cuda", 3)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
-    assert _launch_device() == torch.device("cpu")
+    assert launch_device() == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("ACCELERATE_USE_CPU")
-    assert _launch_device() == torch.device("cpu")
+    assert launch_device() == torch.device("cpu")
 
 
 def test_a_hung_rank_ends_the_launch_after_dist_timeout_s(tiny_target_dir, small_chat_file, tmp_path):

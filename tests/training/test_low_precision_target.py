@@ -11,7 +11,8 @@ from train_helpers import REPO, tiny_overrides
 from specheads.heads import load_head
 from specheads.target import load_target
 from specheads.training.config import load_config
-from specheads.training.loop import resolve_mixed_precision, train
+from specheads.training.launch import resolve_mixed_precision
+from specheads.training.loop import train
 
 CASES = {
     # the shipped Medusa config projects through the target's own (bf16) lm_head, as EAGLE-1 does

@@ -16,7 +16,7 @@ import pytest
 
 from specheads.training.checkpoint import LOCK_NAME, output_lock
 from specheads.training.config import ConfigError
-from specheads.training.loop import _process_group_kwargs
+from specheads.training.launch import process_group_kwargs
 from specheads.training.train_cli import _exit_on_sigterm
 
 
@@ -104,5 +104,5 @@ def test_a_second_sigterm_does_not_interrupt_the_first_ones_unwinding():
 
 
 def test_the_process_group_timeout_is_the_configured_one():
-    (handler,) = _process_group_kwargs(30)
+    (handler,) = process_group_kwargs(30)
     assert handler.to_kwargs() == {"timeout": timedelta(seconds=30)}
