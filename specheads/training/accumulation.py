@@ -46,10 +46,14 @@ def accumulation_rounds(batches: Iterable[Batch], size: int) -> Iterator[list[Ba
         yield group
 
 
+def batch_rows(batch: Any) -> dict[str, torch.Tensor]:
+    """A collated batch's token rows (``input_ids``, masks): offline batches are ``(rows, features)`` pairs."""
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
 def loss_tokens(batch: Any) -> torch.Tensor:
-    """Tokens that carry a loss in a collated batch (offline batches are ``(rows, features)``): a float scalar."""
-    rows = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return rows["loss_mask"].sum().float()
+    """Tokens that carry a loss in a collated batch: a float scalar."""
+    return batch_rows(batch)["loss_mask"].sum().float()
 
 
 def token_weights(

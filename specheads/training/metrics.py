@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from specheads.training.accumulation import loss_tokens
+from specheads.training.accumulation import batch_rows, loss_tokens
 from specheads.training.features import FeatureSource
 from specheads.training.losses import Stats, add_stats, chain_tau, ratios
 
@@ -30,8 +30,7 @@ class Throughput:
         self.total_seconds = 0.0
 
     def count(self, batch: Any) -> None:
-        data = batch[0] if isinstance(batch, (tuple, list)) else batch
-        self.tokens += data["attention_mask"].sum()
+        self.tokens += batch_rows(batch)["attention_mask"].sum()
 
     def window_rate(self) -> float:
         seconds = time.perf_counter() - self.start
@@ -101,7 +100,7 @@ def evaluate(accelerator, objective, loader, features: FeatureSource, max_batche
         for index, batch in enumerate(loader):
             if per_process is not None and index >= per_process:
                 break
-            rows = batch[0] if isinstance(batch, tuple) else batch  # offline: (batch dict, features)
+            rows = batch_rows(batch)
             repeated = repeated_eval_rows(accelerator, rows["loss_mask"].shape[0])
             rows["loss_mask"][rows["loss_mask"].shape[0] - repeated :] = 0  # in no loss and no statistic
             loss, stats = objective(*features(batch), 0)  # every process runs it: ZeRO-3/FSDP gather weights

@@ -21,6 +21,7 @@ from accelerate import PartialState
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType
 
+from specheads.training.accumulation import batch_rows
 from specheads.training.config import load_config
 from specheads.training.loop import train
 from specheads.training.metrics import Throughput
@@ -36,7 +37,7 @@ def record_training_samples() -> list[list[list[int]]]:
     count = Throughput.count
 
     def recording(self: Throughput, batch: Any) -> None:
-        data = batch[0] if isinstance(batch, (tuple, list)) else batch
+        data = batch_rows(batch)
         rows = zip(data["input_ids"].tolist(), data["attention_mask"].tolist())
         seen.append([[t for t, keep in zip(ids, mask) if keep] for ids, mask in rows])
         count(self, batch)

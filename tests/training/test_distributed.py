@@ -122,19 +122,14 @@ def test_two_processes_take_the_step_one_process_takes(
     """Two ranks of 2 samples each take the gradient step one process takes on the same 4 samples in one batch: each
     rank's loss is weighted by its share of the step's tokens, which the engines' gradient average (DDP's, DeepSpeed's)
     would otherwise leave equal (a rank with fewer tokens would count as much as one with more)."""
+    from launch_train import record_training_samples
+
     from specheads.training.config import load_config
     from specheads.training.loop import train
     from specheads.training.metrics import Throughput
 
-    seen: list[list[int]] = []
-    count = Throughput.count
-
-    def recording(self: Throughput, batch) -> None:
-        rows = zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())
-        seen.extend([t for t, keep in zip(ids, mask) if keep] for ids, mask in rows)
-        count(self, batch)
-
-    monkeypatch.setattr(Throughput, "count", recording)
+    monkeypatch.setattr(Throughput, "count", Throughput.count)  # restored after the test: the recorder replaces it
+    batches = record_training_samples()
     step = dict(max_steps=1, max_grad_norm=0, warmup_steps=0)
     config = REPO / "configs" / "eagle1" / "smollm2-135m.yaml"
     one = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "one", batch_size=4, **step)
@@ -146,7 +141,7 @@ def test_two_processes_take_the_step_one_process_takes(
     ranks = _launch(launch_config, "eagle1", tmp_path, GRADIENT_AS_UPDATE + two)
     _assert_in_sync(ranks, "DEEPSPEED" if launch_config.startswith("deepspeed") else "MULTI_CPU", 1)
     shares = [[sample for batch in rank["train_samples"] for sample in batch] for rank in ranks]
-    assert sorted(shares[0] + shares[1]) == sorted(seen[:4])  # the same four samples
+    assert sorted(shares[0] + shares[1]) == sorted(batches[0])  # the same four samples: the one-process batch
     assert sum(map(len, shares[0])) != sum(map(len, shares[1]))  # unequal shares, or an unweighted mean would pass
     weights = {name: load_file(str(tmp_path / name / "model.safetensors")) for name in ("one", "two", "start")}
     for name, start in weights["start"].items():
