@@ -7,7 +7,6 @@ lookup and assisted generation, on Spec-Bench questions, interleaved per prompt 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,9 +15,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.bench.calibration import (
+    DEFAULT_CALIBRATION_DATA,
+    calibration_data_file,
+    calibration_prompts,
+    check_calibration_source,
+    render_prompt,
+)
 from specheads.bench.methods import Method, hf_method, specheads_method
 from specheads.bench.questions import (
-    Question,
     find_default_questions,
     held_out_questions,
     load_questions,
@@ -27,7 +32,7 @@ from specheads.bench.questions import (
 from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_available, write_report
 from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.decoding.cli import resolve_head_argument
-from specheads.decoding.cost_model import CostCurve, load_or_measure_cost_curve
+from specheads.decoding.cost_curve import CostCurve, load_or_measure_cost_curve
 from specheads.decoding.drafters import (
     DrafterSpec,
     auto_drafter,
@@ -46,10 +51,6 @@ BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "spech
 """Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads.
 ``specheads-plain`` is specheads' loop with no drafter (every tree is the root alone): the gap between it and
 ``generate`` is loop overhead, not drafting, so a head's speedup over it is what its drafts alone buy."""
-
-DEFAULT_CALIBRATION_DATA = Path(__file__).resolve().parents[2] / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
-"""The chats ``--tree auto`` calibrates on when too few questions are left unmeasured. It is in the repository's
-checkout, not in an installed wheel: there ``--calibration-data`` names a file."""
 
 
 @dataclass
@@ -157,15 +158,6 @@ def _solo_length(value: str) -> int | str:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def render_prompt(tokenizer: PreTrainedTokenizerBase, text: str, device: torch.device) -> torch.Tensor:
-    """The first turn as a user message through the chat template: ``(1, T)`` ids."""
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt"
-    )
-    ids = ids if torch.is_tensor(ids) else ids["input_ids"]
-    return ids.to(device)
-
-
 def build_methods(
     settings: BenchSettings,
     target: PreTrainedModel,
@@ -175,29 +167,13 @@ def build_methods(
 ) -> list[Method]:
     """Baseline first, then transformers' methods, specheads prompt lookup and one method per head. Every ``auto``
     tree chosen is also cached for ``specheads generate --tree auto`` on this device (``auto_tree_cache_path``)."""
-    from specheads.heads import LORA_DIR, DraftModel, load_head, resolve_head_folder
-
     methods = [hf_method("generate", target, description="transformers generate (baseline)")]
     if "hf-prompt-lookup" in settings.methods:
         n = settings.prompt_lookup_tokens
         label = f"prompt_lookup_num_tokens={n}"
         methods.append(hf_method("hf-prompt-lookup", target, description=label, prompt_lookup_num_tokens=n))
     if "hf-assisted" in settings.methods:
-        if settings.assistant:
-            trained = load_head(settings.assistant, target)
-            if trained.head_type != "draft_model":
-                raise ValueError(
-                    f"--assistant {settings.assistant} is a head of type {trained.head_type!r}; transformers' assisted "
-                    "generation needs a draft model (a small causal LM, type 'draft_model'); pass this one with --head"
-                )
-            assistant, label = trained.model, settings.assistant
-        else:
-            layers = min(settings.assistant_layers, target.config.get_text_config().num_hidden_layers - 1)
-            if layers < 1:
-                raise ValueError("the target has one layer: no smaller assistant can be cut from it; pass --assistant")
-            assistant = DraftModel.from_target(target, layers).model.to(target.device).eval()
-            label = f"first {layers} target layers (untrained)"
-        assistant.requires_grad_(False)
+        assistant, label = _assistant(settings, target)
         methods.append(hf_method("hf-assisted", target, description=f"assistant_model: {label}", assistant=assistant))
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
     if "specheads-plain" in settings.methods:
@@ -209,64 +185,92 @@ def build_methods(
     trees = settings.trees or ["auto"]
     if len(trees) not in (1, len(settings.heads)):
         raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
-    if not calibration and any(trees[i if len(trees) > 1 else 0] == "auto" for i in range(len(settings.heads))):
+    trees = trees * len(settings.heads) if len(trees) == 1 else trees
+    if not calibration and "auto" in trees[: len(settings.heads)]:
         # auto_drafter would choose (and cache for specheads generate) a tree from no acceptance at all
         raise ValueError(
             "--tree auto needs calibration prompts and got none; pass --calibration-data FILE, or a fixed --tree"
         )
     curve = None
-    for i, head_arg in enumerate(settings.heads):
-        head_dir = resolve_head_folder(head_arg)  # a Hub id is fetched once; everything below reads this folder
-        if (head_dir / LORA_DIR).is_dir():
-            raise ValueError(
-                f"{head_arg} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
-                "not comparable to the plain target's. Merge the adapter into a target copy and pass it as --target."
-            )
-        head = load_head(head_dir, target).to(target.device).eval()
-        tree = trees[i if len(trees) > 1 else 0]
-        priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
-        if tree == "auto":
-            if curve is None:
-                curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate)
-                relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
-                print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
-            spec = auto_drafter(head, target, tokenizer, curve, calibration)
-            assert spec.auto is not None
-        else:
-            spec = fixed_drafter(head, tree)
-        name = f"specheads-{Path(head_arg).name}"
-        if any(m.name == name for m in methods):
+    for head_arg, tree in zip(settings.heads, trees):
+        if tree == "auto" and curve is None:
+            curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate)
+            relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
+            print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
+        if any(m.name == f"specheads-{Path(head_arg).name}" for m in methods):
             raise ValueError(f"two --head folders are both named {Path(head_arg).name!r}; rename one")
-        what = f"{head.head_type} head"
-        curve_used = curve if tree == "auto" else None
-        methods.append(_specheads(name, target, tokenizer, spec, acceptance, what, curve_used))
-        if settings.backoff and spec.drafter is not None:
-            methods.append(
-                _specheads(
-                    f"{name}+backoff", target, tokenizer, spec, acceptance, f"{what}, draft backoff", curve_used, True
-                )
+        calibrated = (calibration, calibration_source, curve)
+        methods += _head_methods(settings, head_arg, tree, target, tokenizer, *calibrated)
+    return methods
+
+
+def _assistant(settings: BenchSettings, target: PreTrainedModel) -> tuple[torch.nn.Module, str]:
+    """The draft model for transformers' assisted generation (``--assistant``, else the target's first layers)."""
+    from specheads.heads import DraftModel, load_head
+
+    if settings.assistant:
+        trained = load_head(settings.assistant, target)
+        if trained.head_type != "draft_model":
+            raise ValueError(
+                f"--assistant {settings.assistant} is a head of type {trained.head_type!r}; transformers' assisted "
+                "generation needs a draft model (a small causal LM, type 'draft_model'); pass this one with --head"
             )
-        if settings.lookup_branch:
-            branch = with_lookup_branch(spec, settings.lookup_branch)
-            methods.append(
-                _specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, f"{what} + lookup", curve_used)
-            )
-        if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
-            solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
-            alone = (
-                "where the cost model says" if settings.lookup_solo == "auto" else f"on {settings.lookup_solo}-grams"
-            )
-            what_solo = f"{what} + lookup, alone {alone}"
-            methods.append(
-                _specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, curve_used)
-            )
-            if settings.lookup_solo == "auto":
-                priced[settings.lookup_branch] = solo.drafter.solo_ngram
-        if tree == "auto":  # what generate --tree auto [--lookup-solo auto] reuses on this device
-            cached_as = auto_tree_cache_path(cache_root(), head_dir, target)
-            failed = remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}", priced)
-            if failed:
-                print(f"note: the auto tree could not be cached for specheads generate ({failed})", file=sys.stderr)
+        assistant, label = trained.model, settings.assistant
+    else:
+        layers = min(settings.assistant_layers, target.config.get_text_config().num_hidden_layers - 1)
+        if layers < 1:
+            raise ValueError("the target has one layer: no smaller assistant can be cut from it; pass --assistant")
+        assistant = DraftModel.from_target(target, layers).model.to(target.device).eval()
+        label = f"first {layers} target layers (untrained)"
+    return assistant.requires_grad_(False), label
+
+
+def _head_methods(
+    settings: BenchSettings,
+    head_arg: str,
+    tree: str,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    calibration: list[torch.Tensor],
+    calibration_source: str,
+    curve: CostCurve | None,
+) -> list[Method]:
+    """One head's methods: its tree, and with ``--backoff``, ``--lookup-branch`` and ``--lookup-solo`` those
+    variants. An ``auto`` tree is chosen on ``curve`` and cached for ``specheads generate --tree auto``."""
+    from specheads.heads import LORA_DIR, load_head, resolve_head_folder
+
+    head_dir = resolve_head_folder(head_arg)  # a Hub id is fetched once; everything below reads this folder
+    if (head_dir / LORA_DIR).is_dir():
+        raise ValueError(
+            f"{head_arg} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
+            "not comparable to the plain target's. Merge the adapter into a target copy and pass it as --target."
+        )
+    head = load_head(head_dir, target).to(target.device).eval()
+    acceptance = "greedy" if settings.temperature == 0 else "speculative"
+    curve = curve if tree == "auto" else None
+    spec = auto_drafter(head, target, tokenizer, curve, calibration) if curve is not None else fixed_drafter(head, tree)
+    name, what = f"specheads-{Path(head_arg).name}", f"{head.head_type} head"
+    methods = [_specheads(name, target, tokenizer, spec, acceptance, what, curve)]
+    if settings.backoff and spec.drafter is not None:
+        backoff = f"{what}, draft backoff"
+        methods.append(_specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, backoff, curve, True))
+    if settings.lookup_branch:
+        branch = with_lookup_branch(spec, settings.lookup_branch)
+        methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, f"{what} + lookup", curve))
+    priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
+    if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
+        solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
+        alone = "where the cost model says" if settings.lookup_solo == "auto" else f"on {settings.lookup_solo}-grams"
+        what_solo = f"{what} + lookup, alone {alone}"
+        methods.append(_specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, curve))
+        if settings.lookup_solo == "auto":
+            priced[settings.lookup_branch] = solo.drafter.solo_ngram
+    if curve is not None:  # what generate --tree auto [--lookup-solo auto] reuses on this device
+        assert spec.auto is not None
+        cached_as = auto_tree_cache_path(cache_root(), head_dir, target)
+        failed = remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}", priced)
+        if failed:
+            print(f"note: the auto tree could not be cached for specheads generate ({failed})", file=sys.stderr)
     return methods
 
 
@@ -285,72 +289,6 @@ def _specheads(
         extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
         extra["cost_curve"] = asdict(curve)
     return specheads_method(name, target, tokenizer, spec.drafter, acceptance, f"specheads, {what}", extra, backoff)
-
-
-def calibration_data_file(settings: BenchSettings) -> Path | None:
-    """``--calibration-data``, else the repository's self-distilled data where it exists (a checkout, not a wheel)."""
-    if settings.calibration_data:
-        path = Path(settings.calibration_data)
-        if not path.is_file():
-            raise FileNotFoundError(f"--calibration-data {path}: no such file; expected JSONL chats with 'messages'")
-        return path
-    return DEFAULT_CALIBRATION_DATA if DEFAULT_CALIBRATION_DATA.is_file() else None
-
-
-def check_calibration_source(
-    settings: BenchSettings, held_out: list[Question], measured: int, questions_path: Path
-) -> None:
-    """``--tree auto`` with nothing to calibrate on fails before the target loads, not with a tree chosen from no
-    data (recorded as ``question_ids: []`` and cached for ``specheads generate``)."""
-    if not any(tree == "auto" for tree in settings.trees or ["auto"]) or not settings.heads:
-        return
-    if settings.calibration_prompts < 1:
-        raise ValueError(f"--tree auto calibrates on --calibration-prompts N >= 1, got {settings.calibration_prompts}")
-    if held_out or calibration_data_file(settings) is not None:
-        return
-    raise ValueError(
-        f"--tree auto calibrates each head on questions that are not measured, and {questions_path} has none left "
-        f"after the {measured} measured ones; the fallback data/{DEFAULT_CALIBRATION_DATA.name} exists only in a "
-        "checkout of the repository. Pass --calibration-data FILE (JSONL chats, as `specheads data generate` writes "
-        "them), a question file with more questions, a lower --per-category, or a fixed --tree (e.g. chain:3)."
-    )
-
-
-def calibration_prompts(
-    tokenizer: PreTrainedTokenizerBase,
-    count: int,
-    device: torch.device,
-    held_out: list[Question],
-    data: Path | None = DEFAULT_CALIBRATION_DATA,
-) -> tuple[list[torch.Tensor], str, list[int]]:
-    """Prompts for ``--tree auto``: Spec-Bench questions that are not measured (``held_out``), else the first user
-    turns of the chats in ``data`` (by default the committed self-distilled data). The heads were trained on that
-    data, so it overstates their acceptance (EAGLE-3: expected tau 1.43 there, 1.29 measured on Spec-Bench); held-out
-    questions from the benchmark's own distribution do not. Returns the prompts, where they came from, and the ids of
-    the questions used (none for the data)."""
-    used = held_out[:count]
-    texts, source = [q.prompt for q in used], "held-out Spec-Bench questions (not measured)"
-    if len(texts) < count and data is not None and data.is_file():
-        used, source = [], f"{data.name} ({'training data' if data == DEFAULT_CALIBRATION_DATA else 'chats'})"
-        texts = _first_user_turns(data, count)
-    return [render_prompt(tokenizer, t, device)[0] for t in texts], source, [q.question_id for q in used]
-
-
-def _first_user_turns(path: Path, count: int) -> list[str]:
-    texts = []
-    with path.open() as f:
-        for number, line in enumerate(f, 1):
-            if len(texts) == count:
-                break
-            try:
-                messages = json.loads(line)["messages"]
-                texts.append(next(m["content"] for m in messages if m["role"] == "user"))
-            except (json.JSONDecodeError, KeyError, TypeError, StopIteration):
-                raise ValueError(
-                    f"{path}, line {number}: expected a JSON chat with a 'messages' list holding a user turn "
-                    '({"messages": [{"role": "user", "content": ...}, ...]})'
-                ) from None
-    return texts
 
 
 def run_bench(

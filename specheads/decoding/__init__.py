@@ -26,11 +26,13 @@ from specheads.decoding.draft import (
 from specheads.decoding.drafters import DrafterSpec, auto_tree_drafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.factory import build_drafter
-from specheads.decoding.generator import GenerationResult, GenerationStats, SpeculativeGenerator
+from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.kv_cache import commit_path
 from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.prompts import Prompt, encode_prompt
 from specheads.decoding.sampling import warp_logits_to_probs
+from specheads.decoding.stats import GenerationResult, GenerationStats
 from specheads.decoding.tree import (
     CompiledTree,
     DynamicTreeConfig,
@@ -57,6 +59,7 @@ __all__ = [
     "GenerationStats",
     "LookupBranchDrafter",
     "MedusaDrafter",
+    "Prompt",
     "PromptLookupDrafter",
     "Sampling",
     "SpeculativeGenerator",
@@ -70,6 +73,7 @@ __all__ = [
     "chain_tree",
     "commit_path",
     "compile_tree",
+    "encode_prompt",
     "load_tree",
     "static_tree",
     "verify_tree",

@@ -16,165 +16,18 @@ Sequoia's, https://arxiv.org/abs/2402.12374, under a position-independence assum
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import heapq
-import json
-import logging
-import os
-import platform
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
-from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import lookup_match
-from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.lookup_branch import first_choice_path
-from specheads.decoding.tree import chain_parents, children_lists
-from specheads.decoding.verify import verify_tree
-
-logger = logging.getLogger(__name__)
-
-COST_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
-COST_CURVE_VERSION = 5  # bump when what is timed changes (2: swap kernel; 3: row-major; 4: sizes; 5: measured swap)
-"""Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
+from specheads.decoding.tree import children_lists
 
 Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"
-
-
-@dataclass
-class CostCurve:
-    """Seconds of one target forward over n new tokens on top of a cached prefix, at a few n."""
-
-    sizes: list[int]
-    seconds: list[float]
-    device: str = ""
-    model: str = ""
-    dtype: str = ""
-    prefix_len: int = 0
-
-    def at(self, n: int) -> float:
-        """Linear interpolation between measured sizes; linear extrapolation past the largest."""
-        sizes, secs = self.sizes, self.seconds
-        if n <= sizes[0]:
-            return secs[0]
-        for (n0, s0), (n1, s1) in zip(zip(sizes, secs), zip(sizes[1:], secs[1:])):
-            if n <= n1:
-                return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
-        slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2]) if len(sizes) > 1 else 0.0
-        return secs[-1] + slope * (n - sizes[-1])
-
-    def relative(self) -> list[float]:
-        """Cost of each measured size relative to one token (1.0 = as cheap as a decode step)."""
-        return [s / self.seconds[0] for s in self.seconds]
-
-
-def device_label(device: torch.device) -> str:
-    """A cache key for the hardware: the GPU's name, or the CPU architecture and thread count."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"cpu-{platform.machine()}-{torch.get_num_threads()}threads"
-
-
-def architecture_digest(target: PreTrainedModel) -> str:
-    """A digest of what a forward's cost depends on besides the device and dtype: the model's config (its name and
-    the transformers version left out) and its attention implementation. Two folders holding the same architecture
-    share a cost curve; a folder overwritten with another model does not reuse the old one's."""
-    config = {k: v for k, v in target.config.to_dict().items() if k not in _NOT_ARCHITECTURE}
-    config["attn_implementation"] = target.config._attn_implementation
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-_NOT_ARCHITECTURE = ("_name_or_path", "name_or_path", "transformers_version", "_commit_hash")
-
-
-def write_cache_file(path: Path, text: str) -> str | None:
-    """Write a cache entry under a temporary name and rename it into place (a reader never sees half a file).
-    A cache that cannot be written (read-only, full, no permission) is not an error: the entry is measured again
-    next time. Returns why it failed, or None."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(text)
-        os.replace(partial, path)
-    except OSError as error:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
-        return f"{type(error).__name__}: {error}"
-    return None
-
-
-def cache_file_name(*parts: object) -> str:
-    """A file name from key parts: characters other than letters, digits, '-', '_' and '.' become '_'."""
-    key = "__".join(str(part) for part in parts)
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in key) + ".json"
-
-
-@torch.inference_mode()
-def measure_cost_curve(
-    target: PreTrainedModel, sizes: Sequence[int] = COST_SIZES, prefix_len: int = 128, repeats: int = 3
-) -> CostCurve:
-    """Time one chain verification of each size on top of a ``prefix_len`` cache.
-
-    Sizes are interleaved within each repeat and the minimum is kept: on a shared machine, noise only ever adds
-    time, so the fastest run is the best estimate of the cost itself. The first pass is a discarded warm-up.
-    """
-    device = target.device
-    vocab = target.config.get_text_config().vocab_size
-    generator = torch.Generator().manual_seed(0)
-    prefix = torch.randint(0, vocab, (1, prefix_len), generator=generator).to(device)
-    cache = DynamicCache(config=target.config)
-    target(input_ids=prefix, cache=cache, use_cache=True)
-    best = {n: float("inf") for n in sizes}
-    with small_batch_linear(target):  # the kernels SpeculativeGenerator verifies with
-        for attempt in range(repeats + 1):
-            for n in sizes:
-                tokens = torch.randint(0, vocab, (n,), generator=generator).to(device)
-                _sync(device)
-                start = time.perf_counter()
-                verify_tree(target, cache, tokens, chain_parents(n).to(device))
-                _sync(device)
-                if attempt:
-                    best[n] = min(best[n], time.perf_counter() - start)
-                crop_to(cache, prefix_len)
-    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    name = str(target.config.name_or_path)
-    return CostCurve(list(sizes), [best[n] for n in sizes], device_label(device), name, dtype, prefix_len)
-
-
-def cost_curve_cache_path(target: PreTrainedModel, cache_dir: Path) -> Path:
-    """Where the cost curve of ``target`` on its device and dtype is cached (``load_or_measure_cost_curve``)."""
-    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    name = Path(str(target.config.name_or_path)).name  # readable; the digest is what tells models apart
-    key = (device_label(target.device), name, architecture_digest(target), dtype, f"v{COST_CURVE_VERSION}")
-    return Path(cache_dir) / "cost_model" / cache_file_name(*key)
-
-
-def load_or_measure_cost_curve(
-    target: PreTrainedModel,
-    cache_dir: Path,
-    refresh: bool = False,
-    sizes: Sequence[int] = COST_SIZES,
-    repeats: int = 3,
-) -> CostCurve:
-    """The cached curve for (device, architecture, dtype) under ``cache_dir``, measuring and caching it on first
-    use, or again with ``refresh`` (a curve timed while the machine was busy)."""
-    path = cost_curve_cache_path(target, cache_dir)
-    if path.is_file() and not refresh:
-        return CostCurve(**json.loads(path.read_text()))
-    curve = measure_cost_curve(target, sizes, repeats=repeats)
-    failed = write_cache_file(path, json.dumps(asdict(curve), indent=2))
-    if failed:
-        logger.warning(
-            "the verify-cost curve could not be cached in %s (%s); it is measured again next time", path, failed
-        )
-    return curve
 
 
 @dataclass
@@ -435,8 +288,3 @@ def choose_lookup_solo(
     rates = {name: tokens[name] / seconds[name] if seconds[name] else 0.0 for name in tokens}
     best = max(settings, key=lambda name: rates[name])
     return SoloChoice(settings[best], rates, matched / max(total, 1))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -25,20 +25,22 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.decoding.cost_model import (
-    CalibrationStep,
+from specheads.decoding.cost_curve import (
     CostCurve,
-    DraftCost,
-    RecordingDrafter,
-    TreeChoice,
     architecture_digest,
     cache_file_name,
-    choose_lookup_solo,
-    choose_tree,
     cost_curve_cache_path,
     device_label,
     load_or_measure_cost_curve,
     write_cache_file,
+)
+from specheads.decoding.cost_model import (
+    CalibrationStep,
+    DraftCost,
+    RecordingDrafter,
+    TreeChoice,
+    choose_lookup_solo,
+    choose_tree,
 )
 from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,75 +32,18 @@ from specheads.decoding.backoff import DraftBackoff
 from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
 from specheads.decoding.kv_cache import commit_path
+from specheads.decoding.prompts import Prompt, encode_prompt
 from specheads.decoding.sampling import (
     generation_settings_to_flag,
     sample_from_probs,
     warn_unapplied_generation_settings,
 )
+from specheads.decoding.stats import GenerationResult, GenerationStats
 from specheads.decoding.tree import ancestor_matrix
 from specheads.decoding.verify import select_rows, verify_tree
 from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
 
 ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
-
-Prompt = str | list[dict[str, str]] | torch.Tensor | list[int] | Mapping[str, Any]
-"""A plain string (chat-templated when the tokenizer has a template), chat messages, or token ids (used as is)."""
-
-
-@dataclass
-class GenerationStats:
-    new_tokens: int = 0
-    target_forwards: int = 0
-    plain_steps: int = 0  # steps verified without a draft because draft backoff judged drafting not to pay
-    accepted_lengths: list[int] = field(default_factory=list)  # draft tokens accepted per verify step
-    depth_attempts: list[int] = field(default_factory=list)  # steps whose tree reached depth d+1
-    depth_accepts: list[int] = field(default_factory=list)  # ... and accepted a node at depth d+1
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    bookkeeping_s: float = 0.0  # accept, commit, stop checks, emitting text
-    total_s: float = 0.0
-    acceptance: str = "greedy"
-    lossy: bool = False
-    stop_reason: str = ""
-
-    @property
-    def tau(self) -> float:
-        """Tokens committed per target forward, counting the bonus token (plain decoding: 1.0)."""
-        return self.new_tokens / max(self.target_forwards, 1)
-
-    @property
-    def acceptance_rate_per_depth(self) -> list[float]:
-        return [a / max(n, 1) for a, n in zip(self.depth_accepts, self.depth_attempts)]
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / max(self.total_s, 1e-9)
-
-    def record_step(self, tree_depth: int, accepted: int) -> None:
-        grow = tree_depth - len(self.depth_attempts)
-        self.depth_attempts += [0] * max(grow, 0)
-        self.depth_accepts += [0] * max(grow, 0)
-        for d in range(tree_depth):
-            self.depth_attempts[d] += 1
-            self.depth_accepts[d] += int(accepted > d)
-        self.accepted_lengths.append(accepted)
-
-    def summary(self) -> str:
-        rates = " ".join(f"{r:.2f}" for r in self.acceptance_rate_per_depth) or "-"
-        return (
-            f"tokens {self.new_tokens} | target forwards {self.target_forwards} | tau {self.tau:.2f} | "
-            f"{self.tokens_per_s:.1f} tok/s | acceptance by depth [{rates}] | time draft {self.draft_s:.2f}s "
-            f"verify {self.verify_s:.2f}s bookkeeping {self.bookkeeping_s:.2f}s | "
-            f"{f'backoff: {self.plain_steps} plain steps | ' if self.plain_steps else ''}acceptance {self.acceptance}"
-            f"{' (LOSSY)' if self.lossy else ''} | stop {self.stop_reason}"
-        )
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    stats: GenerationStats
 
 
 @dataclass
@@ -403,69 +346,7 @@ class SpeculativeGenerator:
 
     def encode(self, prompt: Prompt) -> torch.Tensor:
         """Token ids (T,) of a prompt; errors for empty, batched, padded, over-long or unknown prompts."""
-        mask = None
-        if isinstance(prompt, Mapping):  # a tokenizer's output (BatchEncoding) or a dict of its fields
-            if "input_ids" not in prompt:
-                raise TypeError(f"a mapping prompt needs 'input_ids' (a tokenizer's output); got keys {list(prompt)}")
-            prompt, mask = prompt["input_ids"], prompt.get("attention_mask")
-        if isinstance(prompt, str):
-            if not prompt:
-                raise ValueError("the prompt is empty; pass a non-empty string, chat messages or token ids")
-            if self.tokenizer.chat_template:
-                prompt = [{"role": "user", "content": prompt}]
-            else:
-                prompt = self.tokenizer(prompt, return_tensors="pt").input_ids
-        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], str):
-            raise ValueError(
-                f"got {len(prompt)} text prompts; speculative generation runs one sequence at a time: call generate "
-                "once per prompt"
-            )
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            prompt = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt")
-            prompt = prompt["input_ids"] if not torch.is_tensor(prompt) else prompt
-        if not isinstance(prompt, (list, tuple, torch.Tensor)):
-            raise TypeError(
-                f"expected a prompt as text, chat messages, token ids (list or tensor) or a tokenizer's output; got "
-                f"{type(prompt).__name__}"
-            )
-        ids = torch.as_tensor(prompt)
-        if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
-            raise TypeError(f"token ids must be integers, got a {ids.dtype} tensor")
-        ids = ids.long()
-        if ids.dim() == 2:
-            if ids.shape[0] != 1:
-                raise ValueError(
-                    f"batched prompts are not supported (got batch size {ids.shape[0]}); speculative generation runs "
-                    "one sequence at a time: call generate once per prompt"
-                )
-            ids = ids[0]
-        if mask is not None:
-            ids = _drop_left_padding(ids, torch.as_tensor(mask).reshape(-1))
-        if ids.dim() != 1 or ids.numel() == 0:
-            raise ValueError(
-                f"the prompt is empty or malformed (token ids of shape {tuple(ids.shape)}); pass text or ids"
-            )
-        if self.max_context and ids.numel() > self.max_context:  # a full context still yields one token
-            raise ValueError(
-                f"the prompt has {ids.numel()} tokens but the target's context is {self.max_context} tokens "
-                "(max_position_embeddings); shorten the prompt to leave room for new tokens"
-            )
-        return ids
-
-
-def _drop_left_padding(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The ids without the padding an attention mask marks at their start (what ``generate`` ignores); padding
-    elsewhere has no single-sequence meaning and is an error."""
-    if mask.shape != ids.shape:
-        raise ValueError(f"attention_mask has shape {tuple(mask.shape)}, but the ids have {tuple(ids.shape)}")
-    keep = mask.bool()
-    start = int(keep.long().argmax()) if keep.any() else ids.numel()
-    if not keep[start:].all():
-        raise ValueError(
-            "the attention_mask masks tokens after the first kept one (right or inner padding); pass the "
-            "unpadded ids of one sequence"
-        )
-    return ids[start:]
+        return encode_prompt(self.tokenizer, prompt, self.max_context)
 
 
 def _ancestors(tree: DraftTree) -> torch.Tensor:

@@ -10,17 +10,16 @@ and checked strictly against it, so each default lives in one place.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf.errors import OmegaConfBaseException
 
+from specheads.training.config_messages import reworded, yaml_problem
 from specheads.training.config_secrets import secret_env_read, secret_value
 from specheads.training.data import DataConfig
 
@@ -171,7 +170,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     try:
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:  # interpolations resolve only here, whichever layer wrote them
-        raise ConfigError(_reworded(err, source_of(getattr(err, "full_key", None)))) from None
+        raise ConfigError(reworded(err, source_of(getattr(err, "full_key", None)), TrainConfig)) from None
     if problem := secret_value(to_container(cfg), source_of):
         raise ConfigError(problem)
     validate(cfg)
@@ -184,7 +183,7 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
     try:
         loaded = OmegaConf.load(path)
     except yaml.YAMLError as err:  # syntax errors and duplicate keys; the mark says where
-        raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(err)}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(err)}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path} is not a UTF-8 text file; expected a YAML training config") from None
     except OSError as err:
@@ -198,15 +197,6 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
     return loaded
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """``line L, column C: problem (context)`` from PyYAML's marks (1-based, as editors count)."""
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    context = getattr(err, "context", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return f"{where}{problem}" + (f" ({context})" if context else "")
-
-
 def _parse_override(override: str) -> DictConfig:
     key, sep, _ = override.partition("=")
     if not sep or not key.strip():
@@ -217,7 +207,7 @@ def _parse_override(override: str) -> DictConfig:
     try:
         return OmegaConf.from_dotlist([override])
     except yaml.YAMLError as err:
-        problem = _yaml_problem(err)
+        problem = yaml_problem(err)
         raise ConfigError(f"command-line override {override}: the value is not valid YAML: {problem}") from None
 
 
@@ -225,76 +215,7 @@ def _merged(base: DictConfig, layer: DictConfig, source: str) -> DictConfig:
     try:
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as err:
-        raise ConfigError(_reworded(err, source)) from None
-
-
-def _reworded(err: OmegaConfBaseException, source: str) -> str:
-    """One line naming the source, the key, what was expected and what was found (OmegaConf's own message is a
-    multi-line dump of its internals)."""
-    if isinstance(err, ConfigKeyError):
-        return _unknown_key_message(err, source)
-    full_key = str(getattr(err, "full_key", None) or "")
-    expected = _schema_type(full_key) if full_key else None
-    if isinstance(err, ValidationError) and expected is not None:
-        found = _shown_value(getattr(err, "value", None))
-        message = f"{source}: {full_key}: expected {_describe(expected)}, found {found}"
-        if typing.get_origin(expected) is list and not isinstance(err.value, (list, ListConfig, dict, DictConfig)):
-            item = "" if err.value is None else err.value
-            if source.startswith("command-line override"):
-                message += f"; write {full_key}=[{item}]"
-            else:
-                message += f"; write a YAML list, [{item}]"
-        return message + "."
-    first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return f"{source}: {full_key + ': ' if full_key else ''}{first_line}"
-
-
-def _schema_type(full_key: str) -> Any | None:
-    """The declared type of ``full_key`` (``train.lr``, ``train.adam_betas[0]``) in the schema, or None."""
-    node: Any = TrainConfig
-    for part in full_key.split("."):
-        name, _, index = part.partition("[")
-        if not dataclasses.is_dataclass(node):
-            return None
-        node = typing.get_type_hints(node).get(name)
-        if node is None:
-            return None
-        if index:  # a list item
-            node = (typing.get_args(node) or (None,))[0]
-    return node
-
-
-TYPE_NAMES = {int: "an integer", float: "a float", bool: "a boolean (true or false)", str: "a string"}
-LIST_ITEMS = {int: "integers", float: "floats", str: "strings"}
-
-
-def _describe(kind: Any) -> str:
-    args = typing.get_args(kind)
-    if type(None) in args and len(args) == 2:  # X | None
-        return f"{_describe(next(a for a in args if a is not type(None)))} or null"
-    if typing.get_origin(kind) is list:
-        return f"a list of {LIST_ITEMS[args[0]]}" if args and args[0] in LIST_ITEMS else "a list"
-    if typing.get_origin(kind) is dict:
-        return "a mapping (key: value)"
-    return TYPE_NAMES.get(kind, str(kind))
-
-
-def _shown_value(value: Any) -> str:
-    value = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
-    return "null" if value is None else repr(value)
-
-
-def _unknown_key_message(err: ConfigKeyError, source: str) -> str:
-    full_key = str(getattr(err, "full_key", "") or "")
-    parent, _, name = full_key.rpartition(".")
-    node = _schema_type(parent) if parent else TrainConfig
-    if not dataclasses.is_dataclass(node):
-        return f"{source}: unknown key '{full_key}'."
-    valid = sorted(f.name for f in dataclasses.fields(node))
-    where = f"section '{parent}'" if parent else "the top level"
-    close = difflib.get_close_matches(name, valid, n=1)
-    hint = f" Did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""
-    return f"{source}: unknown key '{full_key}'; valid keys in {where} are {valid}.{hint}"
+        raise ConfigError(reworded(err, source, TrainConfig)) from None
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:

@@ -117,7 +117,7 @@ def test_assistant_must_be_a_draft_model(tiny_llama, tmp_path):
 
 
 def test_calibration_names_only_the_questions_it_used(smollm2, tmp_path):
-    from specheads.bench.cli import calibration_prompts
+    from specheads.bench.calibration import calibration_prompts
 
     _, tokenizer = smollm2
     held_out = [Question(81, "mt_bench", "Write one sentence about the sea.")]
@@ -141,7 +141,7 @@ def test_calibration_names_only_the_questions_it_used(smollm2, tmp_path):
 def _auto_bench(tmp_path, tiny_llama, monkeypatch, **settings):
     """Settings for --tree auto on a question file whose one question is measured: nothing is left to calibrate on,
     and (as in an installed wheel) there is no data/ folder to fall back on."""
-    import specheads.bench.cli as bench_cli
+    import specheads.bench.calibration
     import specheads.target
     from specheads.heads import MedusaConfig, MedusaHeads
 
@@ -149,7 +149,7 @@ def _auto_bench(tmp_path, tiny_llama, monkeypatch, **settings):
         raise AssertionError("the target was loaded")
 
     monkeypatch.setattr(specheads.target, "load_target", no_target)
-    monkeypatch.setattr(bench_cli, "DEFAULT_CALIBRATION_DATA", tmp_path / "not-in-a-wheel.jsonl")
+    monkeypatch.setattr(specheads.bench.calibration, "DEFAULT_CALIBRATION_DATA", tmp_path / "not-in-a-wheel.jsonl")
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), tiny_llama).save_pretrained(tmp_path / "medusa")
     questions = tmp_path / "question.jsonl"

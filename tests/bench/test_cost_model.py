@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specheads.decoding.cost_curve import CostCurve
 from specheads.decoding.cost_model import (
     CalibrationStep,
-    CostCurve,
     DraftCost,
     RankAcceptance,
     RecordingDrafter,
@@ -154,7 +154,7 @@ class WordTokenizer:
 
 
 def test_cost_curve_is_measured_once_and_cached(tiny_llama, tmp_path):
-    from specheads.decoding.cost_model import load_or_measure_cost_curve
+    from specheads.decoding.cost_curve import load_or_measure_cost_curve
 
     curve = load_or_measure_cost_curve(tiny_llama, tmp_path, sizes=(1, 4), repeats=1)
     assert curve.sizes == [1, 4] and all(s > 0 for s in curve.seconds)
@@ -186,7 +186,6 @@ def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
     """A device where verifying a second token costs 50x the first: the auto tree is the root alone, no drafter."""
     import torch
 
-    from specheads.decoding.cost_model import CostCurve
     from specheads.decoding.drafters import auto_drafter
     from specheads.heads import MedusaConfig, MedusaHeads
 
@@ -244,7 +243,7 @@ def test_cost_curve_is_keyed_by_the_architecture_not_the_folder_name(tmp_path):
     is measured again instead of reusing the smaller one's timings."""
     from tiny_models import make_tiny_llama
 
-    from specheads.decoding.cost_model import load_or_measure_cost_curve
+    from specheads.decoding.cost_curve import load_or_measure_cost_curve
 
     small, copy, bigger = make_tiny_llama(), make_tiny_llama(seed=1), make_tiny_llama(num_layers=4)
     small.config.name_or_path, copy.config.name_or_path = str(tmp_path / "a" / "model"), str(tmp_path / "b" / "model")
@@ -330,7 +329,7 @@ def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_w
 def test_an_unwritable_cache_costs_a_recalibration_not_the_generation(tiny_llama, tmp_path, caplog):
     """``generate --tree auto`` with a cache folder it cannot write (here a file stands where the folder should be;
     a read-only or full disk fails the same way): the tree is chosen and used, the user told it was not cached."""
-    from specheads.decoding.cost_model import load_or_measure_cost_curve
+    from specheads.decoding.cost_curve import load_or_measure_cost_curve
     from specheads.decoding.drafters import auto_tree_drafter
     from specheads.heads import DraftModel, load_head
 

@@ -142,10 +142,12 @@ def test_cli_refuses_resume_flag_with_a_checkpoint_named_in_the_yaml_file(tmp_pa
     assert seen == ["auto", "auto"]
 
 
-def test_fp16_on_a_cpu_only_machine_is_an_error_not_a_silent_fp32_run():
+def test_fp16_on_a_cpu_only_machine_is_an_error_not_a_silent_fp32_run(tmp_path):
     from specheads.training.loop import train
 
-    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["train.mixed_precision=fp16"])
+    # another output folder than the config's: a checkout where that head was trained holds its checkpoints there
+    overrides = ["train.mixed_precision=fp16", f"train.output_dir={tmp_path / 'run'}"]
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", overrides)
     with pytest.raises(ValueError, match="fp16 needs a GPU.*use train.mixed_precision=bf16"):
         train(cfg)
 
