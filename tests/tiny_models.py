@@ -51,17 +51,18 @@ def in_local_hub_cache(folder, repo_id: str, monkeypatch) -> str:
     return repo_id
 
 
-def save_tiny_target(out: Path, num_layers: int = 2) -> Path:
-    """A tiny random Llama (hidden 64) with SmolLM2's tokenizer and chat template, saved to ``out`` so that it loads
-    by path in any process (training launches, CLI runs)."""
-    from transformers import AutoTokenizer
+def save_tiny_target(out: Path, num_layers: int = 2, model_type: str = "llama", **config: object) -> Path:
+    """A tiny random model (hidden 64; a Llama unless ``model_type`` names another family, with ``config`` for its
+    own settings) with SmolLM2's tokenizer and chat template, saved to ``out`` so that it loads by path in any
+    process (training launches, CLI runs)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from specheads.target import builtin_cache_dir, ensure_builtin_converted
 
     ensure_builtin_converted("smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(builtin_cache_dir("smollm2-135m-instruct"))
     torch.manual_seed(0)
-    config = LlamaConfig(
+    settings = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -71,6 +72,12 @@ def save_tiny_target(out: Path, num_layers: int = 2) -> Path:
         max_position_embeddings=1024,
         tie_word_embeddings=True,
     )
-    LlamaForCausalLM(config).save_pretrained(out)
+    if model_type == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**settings, **config))
+    else:  # other families' default special-token ids are not SmolLM2's
+        special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+        special["pad_token_id"] = tokenizer.pad_token_id
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **settings, **special, **config))
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

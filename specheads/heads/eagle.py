@@ -95,9 +95,11 @@ class EagleDrafter(DraftHead):
         self.borrowed = borrow(target)
         layer_cls, rotary_cls = decoder_layer_parts(target)
         layer_config = copy.deepcopy(target.config.get_text_config())
+        if getattr(layer_config, "layer_types", None):  # the drafter's layer sees the whole prefix, as EAGLE's does
+            layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
         self.layer = layer_cls(layer_config, 0).to(dtype)
         self.rotary = rotary_cls(config=layer_config)
-        _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
+        self.rotary_layer_type = _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
         if config.version == 1:
             if config.draft_vocab_size is not None:
                 raise HeadConfigError(
@@ -113,10 +115,9 @@ class EagleDrafter(DraftHead):
             raise HeadConfigError("input_norm=false applies to EAGLE-1; EAGLE-3's layer normalises both its inputs")
         self.fc = nn.Linear(3 * hidden, hidden, bias=False, dtype=dtype)
         self._widen_attention_inputs(2 * hidden, dtype)
-        norm_cls = type(self.layer.input_layernorm)
-        eps = getattr(layer_config, "rms_norm_eps", 1e-6)
-        self.hidden_norm = norm_cls(hidden, eps=eps).to(dtype)
-        self.norm = norm_cls(hidden, eps=eps).to(dtype)
+        # the target's own norm (class, epsilon, initial weights) over H, as the layer's input norm is
+        self.hidden_norm = copy.deepcopy(self.layer.input_layernorm)
+        self.norm = copy.deepcopy(self.layer.input_layernorm)
         vocab_size = record.vocab_size
         draft_vocab = config.draft_vocab_size or vocab_size
         if draft_vocab > vocab_size:
@@ -209,7 +210,8 @@ class EagleDrafter(DraftHead):
                 batch, 1, -1, -1
             )
         embeds = self.borrowed.embed_tokens(input_ids).to(features.dtype)  # (B, T, H)
-        position_embeddings = self.rotary(features, position_ids)
+        per_type = () if self.rotary_layer_type is None else (self.rotary_layer_type,)  # Gemma3: one rotary per type
+        position_embeddings = self.rotary(features, position_ids, *per_type)
         layer = self.layer
         if self.version == 1:
             residual = self.fc(torch.cat([embeds, features], dim=-1))
@@ -220,8 +222,12 @@ class EagleDrafter(DraftHead):
         attn_out, _ = layer.self_attn(
             hidden_states=attn_in, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache
         )
-        hidden = residual + attn_out
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma2/3: norms after attention and on both sides of the MLP
+            hidden = residual + layer.post_attention_layernorm(attn_out)
+            hidden = hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+        else:  # Llama-style pre-norm block: post_attention_layernorm is the MLP's input norm
+            hidden = residual + attn_out
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden, self.logits(hidden) if with_logits else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -248,24 +254,30 @@ class EagleDrafter(DraftHead):
 
 EAGLE_LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 """What the drafter's forward calls on the target's decoder layer: pre-norm attention, then a pre-norm MLP."""
+SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
+"""Gemma2/3's layer also norms the MLP's input and output, and ``post_attention_layernorm`` norms attention's output
+(not the MLP's input): the drafter applies them as that layer's own forward does."""
+FULL_ATTENTION = "full_attention"
+"""The ``layer_types`` entry (transformers' name) of the drafter's layer: no sliding window, and on Gemma3 the
+global rotary embedding."""
 
 
-def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, target_name: str) -> None:
-    """The drafter runs the target's decoder layer as a Llama-style block. Layers with more to them (Gemma2/3's
-    extra feed-forward norms, rotary embeddings that depend on the layer type) or, for EAGLE-3's widened attention,
-    fused q/k/v projections (Phi-3) would be silently mis-wired or crash mid-training: refuse them here."""
+def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, target_name: str) -> str | None:
+    """The drafter wires the target's decoder layer by hand: a Llama-style pre-norm block, or Gemma2/3's with its
+    extra feed-forward norms. Other layers (more norms, post-norm blocks, rotary embeddings that need more than
+    a layer type) or, for EAGLE-3's widened attention, fused q/k/v projections (Phi-3) would be silently mis-wired
+    or crash mid-training: refuse them here. Returns the layer type the rotary embedding takes (Gemma3), or None."""
     problems = [f"no `{name}`" for name in EAGLE_LAYER_PARTS if not hasattr(layer, name)]
-    unused = sorted(
-        name for name, child in layer.named_children() if name not in EAGLE_LAYER_PARTS and "norm" in name.lower()
-    )
+    known = EAGLE_LAYER_PARTS + (SANDWICH_NORMS if all(hasattr(layer, n) for n in SANDWICH_NORMS) else ())
+    unused = sorted(name for name, child in layer.named_children() if name not in known and "norm" in name.lower())
     if unused:
-        problems.append(f"norms the drafter's pre-norm block would not apply ({', '.join(unused)})")
+        problems.append(f"norms the drafter's block would not apply ({', '.join(unused)})")
     rotary_args = [
         p.name
         for p in list(inspect.signature(rotary.forward).parameters.values())[2:]
         if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     ]
-    if rotary_args:
+    if rotary_args not in ([], ["layer_type"]):
         problems.append(f"a rotary embedding that also needs {rotary_args}")
     attn = getattr(layer, "self_attn", None)
     if version == 3 and attn is not None and not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")):
@@ -273,7 +285,8 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
     if problems:
         raise UnsupportedTargetError(
             f"EAGLE-{version} builds its drafter from {target_name}'s decoder layer ({type(layer).__name__}), which "
-            f"has {'; '.join(problems)}. Expected a Llama-style layer (Llama, Mistral, Qwen2/3, SmolLM, Gemma). "
-            "Medusa heads and draft models work with this target"
+            f"has {'; '.join(problems)}. Expected a Llama-style layer (Llama, Mistral, Qwen2/3, SmolLM, Gemma) or "
+            "Gemma2/3's. Medusa heads and draft models work with this target"
             + ("; so does EAGLE-1." if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else ".")
         )
+    return FULL_ATTENTION if rotary_args else None

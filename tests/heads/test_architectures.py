@@ -1,6 +1,7 @@
-"""Targets other than Llama: EAGLE drafters are built from the target's decoder layer only where that layer is a
-Llama-style pre-norm block, exports refuse layers the engines would run as Llama layers, and a target that refuses
-sdpa attention loads with eager (found by training heads for tiny Gemma, Gemma2, Gemma3 and Phi-3 targets)."""
+"""Targets other than Llama: EAGLE drafters are built from the target's decoder layer where that layer is a
+Llama-style pre-norm block or Gemma2/3's (and compute exactly that layer's own forward), exports refuse layers the
+engines would run as Llama layers, and a target that refuses sdpa attention loads with eager (found by training heads
+for tiny Gemma, Gemma2, Gemma3 and Phi-3 targets)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from specheads.decoding import SpeculativeGenerator, build_drafter
 from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, UnsupportedTargetError
 from specheads.heads.interop import ExportError, export_head
+from specheads.heads.masks import causal_additive_mask
+from tests.decoding.helpers import TinyTokenizer
 
 COMMON = dict(
     vocab_size=128,
@@ -31,6 +34,9 @@ ARCHITECTURES = {
     "gemma3_text": dict(head_dim=16, final_logit_softcapping=3.0, query_pre_attn_scalar=16),
     "phi3": {},
     "qwen3": dict(head_dim=16),
+    "llama": {},
+    "olmo2": {},  # post-norm: norms after attention and after the MLP, none before
+    "cohere": {},  # attention and MLP in parallel off one input norm
 }
 
 
@@ -43,19 +49,22 @@ def tiny(model_type: str, attn: str = "eager"):
 @pytest.mark.parametrize(
     "model_type, version, refusal",
     [
-        ("gemma2", 1, "norms the drafter's pre-norm block would not apply \\(post_feedforward_layernorm"),
-        ("gemma2", 3, "norms the drafter's pre-norm block would not apply"),
-        ("gemma3_text", 1, "a rotary embedding that also needs \\['layer_type'\\]"),
+        ("olmo2", 1, "no `input_layernorm`; norms the drafter's block would not apply \\(post_feedforward_layernorm"),
+        ("cohere", 3, "no `post_attention_layernorm`"),
         ("phi3", 3, "fused attention projections"),
         ("gemma", 1, None),
         ("gemma", 3, None),
+        ("gemma2", 1, None),
+        ("gemma2", 3, None),
+        ("gemma3_text", 1, None),
+        ("gemma3_text", 3, None),
         ("phi3", 1, None),
         ("qwen3", 3, None),
     ],
 )
-def test_eagle_drafters_are_built_only_from_llama_style_layers(model_type, version, refusal):
-    """Gemma2's extra feed-forward norms were left at zero (never applied), Gemma3's rotary and Phi-3's fused qkv
-    crashed at the first training step: each is now refused when the drafter is built."""
+def test_eagle_drafters_are_built_only_from_layers_they_wire_right(model_type, version, refusal):
+    """Gemma2's extra feed-forward norms were once left at zero (never applied), Gemma3's rotary and Phi-3's fused
+    qkv crashed at the first training step. Layers the drafter cannot wire are refused when it is built."""
     target = tiny(model_type)
     if refusal is None:
         EagleDrafter(EagleConfig(version=version), target)
@@ -64,14 +73,72 @@ def test_eagle_drafters_are_built_only_from_llama_style_layers(model_type, versi
         EagleDrafter(EagleConfig(version=version), target)
 
 
+def test_a_rotary_embedding_that_needs_more_than_a_layer_type_is_refused():
+    """Gemma3's rotary takes a layer type, which the drafter passes; an argument it does not know would fail at the
+    first step. A Llama whose rotary embedding wants one more argument stands in for such a family."""
+    target = tiny("llama")
+    rotary_cls = type(target.model.rotary_emb)
+
+    class NeedsMore(rotary_cls):
+        def forward(self, x, position_ids, segment_ids):
+            return super().forward(x, position_ids)
+
+    target.model.rotary_emb = NeedsMore(target.config)
+    with pytest.raises(UnsupportedTargetError, match="a rotary embedding that also needs \\['segment_ids'\\]"):
+        EagleDrafter(EagleConfig(version=1), target)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3"])
+def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_type):
+    """EAGLE-1's block is the target's decoder layer applied to fc(embedding, feature). The drafter wires the
+    layer's submodules itself (EAGLE-3 widens attention's input), so with every weight random (Gemma's norms start
+    at zero) its output must equal the layer class's own forward on the same input: Gemma2/3's norms after
+    attention and around the MLP, Qwen3's q/k norms and Gemma3's per-type rotary all included."""
+    drafter = EagleDrafter(EagleConfig(version=1), tiny(model_type)).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.3)
+    features, ids, positions = torch.randn(1, 6, 64), torch.randint(0, 128, (1, 6)), torch.arange(3, 9)[None]
+    with torch.no_grad():
+        hidden, _ = drafter(features, ids, positions)
+        x = drafter.fc(torch.cat([drafter.borrowed.embed_tokens(ids), features], dim=-1))
+        layer_type = () if drafter.rotary_layer_type is None else (drafter.rotary_layer_type,)
+        mask = causal_additive_mask(6, 0, x.dtype, x.device).expand(1, 1, -1, -1)
+        own = drafter.layer(x, position_embeddings=drafter.rotary(x, positions, *layer_type), attention_mask=mask)
+    own = own[0] if isinstance(own, tuple) else own
+    torch.testing.assert_close(hidden, own, rtol=1e-5, atol=1e-5)
+    assert hidden.abs().mean() > 0.1  # not a degenerate all-zero comparison
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
 @pytest.mark.parametrize("version", [1, 3])
-def test_gemma_eagle_export_is_refused_not_silently_wrong(tmp_path, version):
+def test_eagle_on_gemma2_and_gemma3_decodes_exactly_the_targets_greedy_tokens(model_type, version):
+    """An EAGLE drafter on a Gemma2/3 target (soft-capped logits, sliding-window layers, Gemma3's two rotary
+    embeddings) decodes the target's own greedy tokens, through a chain and an EAGLE-2 dynamic tree."""
+    target = tiny(model_type)
+    head = EagleDrafter(EagleConfig(version=version), target).eval()
+    prompt = torch.tensor([[1, 5, 9, 33, 7, 5, 9, 33, 12, 40]])
+    expected = target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1] :].tolist()
+    for tree in ("chain:3", "dynamic:3,2,6"):
+        generator = SpeculativeGenerator(target, TinyTokenizer(), build_drafter(head, tree))
+        result = generator.generate(prompt, max_new_tokens=16)
+        assert result.token_ids == expected, tree
+
+
+@pytest.mark.parametrize(
+    "model_type, refusal",
+    [("gemma", "do not compute x \\* w|is not SiLU"), ("gemma2", "not a plain Llama layer.*extra tensors")],
+)
+@pytest.mark.parametrize("version", [1, 3])
+def test_gemma_eagle_export_is_refused_not_silently_wrong(tmp_path, version, model_type, refusal):
     """Gemma's layer has Llama's tensor names but norms of x * (1 + w) and a GELU MLP: exported as a Llama layer, an
-    engine computed another drafter (logits off by up to 7 on a tiny model)."""
-    target = tiny("gemma")
+    engine computed another drafter (logits off by up to 7 on a tiny model). Gemma2/3's also has feed-forward norms
+    that a Llama layer lacks."""
+    target = tiny(model_type)
     options = dict(input_norm=False, fc_bias=False) if version == 1 else {}
     head = EagleDrafter(EagleConfig(version=version, **options), target)
-    with pytest.raises(ExportError, match="do not compute x \\* w|is not SiLU"):
+    with pytest.raises(ExportError, match=refusal):
         export_head(head, target, tmp_path / "out")
     assert not (tmp_path / "out" / "model.safetensors").exists()
 

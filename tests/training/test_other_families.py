@@ -1,0 +1,57 @@
+"""EAGLE heads for targets of other families, end to end on files: a tiny random Gemma2 or Gemma3 saved to disk
+(SmolLM2's tokenizer), an EAGLE-3 head trained on it through the real loop from the training config (its loss
+falls), loaded back strictly and decoded. Gemma2 refuses sdpa and loads with eager; Gemma3 has sliding-window
+layers with their own rotary embedding, and soft-capped logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import save_tiny_target
+from train_helpers import REPO, tiny_overrides
+
+from specheads.decoding import SpeculativeGenerator, build_drafter
+from specheads.heads import load_head
+from specheads.target import load_target
+from specheads.training.config import load_config
+from specheads.training.loop import train
+
+FAMILIES = {
+    "gemma2": dict(
+        initializer_range=0.2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        final_logit_softcapping=30.0,
+        attn_logit_softcapping=50.0,
+    ),
+    "gemma3_text": dict(
+        initializer_range=0.2, head_dim=16, query_pre_attn_scalar=16, final_logit_softcapping=30.0, sliding_window=128
+    ),
+}
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_an_eagle3_head_trains_on_a_gemma_target_and_decodes_its_greedy_tokens(model_type, small_chat_file, tmp_path):
+    target_dir = save_tiny_target(tmp_path / "target", num_layers=4, model_type=model_type, **FAMILIES[model_type])
+    out = tmp_path / "run"
+    overrides = [
+        *tiny_overrides(target_dir, small_chat_file, out, max_steps=24, eval_every=24, lr=3e-3, warmup_steps=0),
+        "loss.ttt_steps=2",
+        "head.options.draft_vocab_size=4096",
+    ]
+    result = train(load_config(REPO / "configs" / "eagle3" / "smollm2-135m.yaml", overrides))
+    before, after = result.history[0], result.history[-1]
+    assert before["step"] == 0 and after["step"] == 24
+    # a random target's greedy tokens are an arbitrary function of the context: 24 steps lower the loss clearly
+    # (by 11-15% here) but are too few to lift held-out top-1, which the SmolLM2 runs of test_learning.py check
+    assert after["eval/loss"] < 0.93 * before["eval/loss"], (before, after)
+
+    target, tokenizer = load_target(target_dir)
+    head = load_head(out, target)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three colours."}], add_generation_prompt=True, return_tensors="pt"
+    )
+    prompt = prompt if torch.is_tensor(prompt) else prompt["input_ids"]
+    expected = target.generate(prompt, max_new_tokens=24, do_sample=False)[0, prompt.shape[1] :].tolist()
+    result = SpeculativeGenerator(target, tokenizer, build_drafter(head, "chain:3")).generate(prompt, max_new_tokens=24)
+    assert result.token_ids == expected and len(expected) > 0
