@@ -221,14 +221,7 @@ def cache_features(
     check_feature_request(target, list(layer_ids), settings["with_logits"] or topk is not None, topk)
     record = {"data": None if data is None else {**data, "paths": resolved_paths(data["paths"])}}
     meta_path = out_dir / "meta.json"
-    if meta_path.exists():
-        previous = json.loads(meta_path.read_text())
-        changed = sorted(k for k in settings if not _same_setting(k, previous.get(k), settings[k]))
-        if changed:
-            raise ValueError(
-                f"{out_dir} holds a cache made with other settings or data ({', '.join(changed)} differ); "
-                "pass a new out_dir or delete this one."
-            )
+    _check_same_settings(meta_path, settings)
     _write_json(meta_path, {**settings, **record, "complete": False})
     num_shards = -(-len(dataset) // shard_size)
     with tqdm(total=len(dataset), desc="caching features", unit="sample") as progress:
@@ -245,11 +238,7 @@ def cache_features(
             tmp = path.with_suffix(".tmp")
             save_file(tensors, str(tmp), metadata={"format_version": str(CACHE_FORMAT_VERSION)})
             os.replace(tmp, path)
-    num_tokens = 0
-    for shard in range(num_shards):
-        with safe_open(shard_path(out_dir, shard), framework="pt") as f:
-            num_tokens += int(f.get_slice("offsets")[-1:].item())
-    num_bytes = sum(shard_path(out_dir, s).stat().st_size for s in range(num_shards))
+    num_tokens, num_bytes = _cache_size(out_dir, num_shards)
     bytes_per_token = num_bytes / max(num_tokens, 1)
     _write_json(
         meta_path,
@@ -265,6 +254,28 @@ def cache_features(
     )
     logger.info("cached %d tokens, %d shards: %.1f bytes/token (%s)", num_tokens, num_shards, bytes_per_token, out_dir)
     return bytes_per_token
+
+
+def _check_same_settings(meta_path: Path, settings: dict[str, Any]) -> None:
+    """A rerun resumes a cache only with the settings and data that began it."""
+    if not meta_path.exists():
+        return
+    previous = json.loads(meta_path.read_text())
+    changed = sorted(k for k in settings if not _same_setting(k, previous.get(k), settings[k]))
+    if changed:
+        raise ValueError(
+            f"{meta_path.parent} holds a cache made with other settings or data ({', '.join(changed)} differ); "
+            "pass a new out_dir or delete this one."
+        )
+
+
+def _cache_size(out_dir: Path, num_shards: int) -> tuple[int, int]:
+    """Tokens and bytes of the shards on disk (each shard's last offset is its token count)."""
+    num_tokens = 0
+    for shard in range(num_shards):
+        with safe_open(shard_path(out_dir, shard), framework="pt") as f:
+            num_tokens += int(f.get_slice("offsets")[-1:].item())
+    return num_tokens, sum(shard_path(out_dir, s).stat().st_size for s in range(num_shards))
 
 
 def resolved_paths(paths: list[str]) -> list[str]:
