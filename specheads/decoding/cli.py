@@ -194,22 +194,7 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
                 lookup_solo=args.lookup_solo,
             )
         else:
-            try:
-                with warnings.catch_warnings():  # the note below says it in the CLI's words
-                    warnings.filterwarnings("ignore", message="the default EAGLE tree")
-                    spec = fixed_drafter(head, args.tree)
-            except ValueError as error:  # a default tree that does not fit is the head's problem, not --tree's
-                parser.error(f"--tree: {error}" if args.tree else f"--head {args.head}: {error}")
-            if args.tree is None and head.head_type == "eagle" and target.device.type == "cpu":
-                _stderr(
-                    "note: the default EAGLE tree (60 nodes) is sized for a GPU; on a CPU, verifying it costs ~3x a "
-                    "plain step here, so it may be slower than plain decoding. --tree auto sizes it for this machine"
-                )
-            if args.lookup_branch:
-                try:
-                    spec = with_lookup_branch(spec, args.lookup_branch, args.lookup_solo)
-                except ValueError as error:
-                    parser.error(f"--lookup-solo: {error}")
+            spec = _fixed_tree(args, parser, head, target.device)
     drafter = spec.drafter
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
@@ -235,6 +220,27 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         where += ", target + LoRA adapter"
     print(f"[{describe(spec, args)}; {where}] {result.stats.summary()}", file=sys.stderr)
     return 0
+
+
+def _fixed_tree(args: GenerateArgs, parser: HfArgumentParser, head: Any, device: torch.device) -> DrafterSpec:
+    """The head's drafter on ``--tree`` (or its default tree), with ``--lookup-branch`` grafted on."""
+    try:
+        with warnings.catch_warnings():  # the note below says it in the CLI's words
+            warnings.filterwarnings("ignore", message="the default EAGLE tree")
+            spec = fixed_drafter(head, args.tree)
+    except ValueError as error:  # a default tree that does not fit is the head's problem, not --tree's
+        parser.error(f"--tree: {error}" if args.tree else f"--head {args.head}: {error}")
+    if args.tree is None and head.head_type == "eagle" and device.type == "cpu":
+        _stderr(
+            "note: the default EAGLE tree (60 nodes) is sized for a GPU; on a CPU, verifying it costs ~3x a "
+            "plain step here, so it may be slower than plain decoding. --tree auto sizes it for this machine"
+        )
+    if args.lookup_branch:
+        try:
+            spec = with_lookup_branch(spec, args.lookup_branch, args.lookup_solo)
+        except ValueError as error:
+            parser.error(f"--lookup-solo: {error}")
+    return spec
 
 
 def _stderr(line: str) -> None:
