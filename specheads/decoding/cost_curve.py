@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specheads.decoding.cpu_kernels import small_batch_linear
-from specheads.decoding.kv_cache import crop_to
+from specheads.decoding.kv_cache import crop_to, new_cache
 from specheads.decoding.tree import chain_parents
-from specheads.decoding.verify import verify_tree
+from specheads.decoding.verify import attention_layout, verify_tree
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def measure_cost_curve(
     vocab = target.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(0)
     prefix = torch.randint(0, vocab, (1, prefix_len), generator=generator).to(device)
-    cache = DynamicCache(config=target.config)
+    cache, layout = new_cache(target), attention_layout(target)
     target(input_ids=prefix, cache=cache, use_cache=True)
     best = {n: float("inf") for n in sizes}
     with small_batch_linear(target):  # the kernels SpeculativeGenerator verifies with
@@ -122,7 +122,7 @@ def measure_cost_curve(
                 tokens = torch.randint(0, vocab, (n,), generator=generator).to(device)
                 _sync(device)
                 start = time.perf_counter()
-                verify_tree(target, cache, tokens, chain_parents(n).to(device))
+                verify_tree(target, cache, tokens, chain_parents(n).to(device), layout=layout)
                 _sync(device)
                 if attempt:
                     best[n] = min(best[n], time.perf_counter() - start)

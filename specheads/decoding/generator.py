@@ -31,7 +31,7 @@ from specheads.decoding.accept import (
 from specheads.decoding.backoff import DraftBackoff
 from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
-from specheads.decoding.kv_cache import commit_path
+from specheads.decoding.kv_cache import commit_path, new_cache
 from specheads.decoding.prompts import Prompt, encode_prompt
 from specheads.decoding.sampling import (
     generation_settings_to_flag,
@@ -40,7 +40,7 @@ from specheads.decoding.sampling import (
 )
 from specheads.decoding.stats import GenerationResult, GenerationStats
 from specheads.decoding.tree import ancestor_matrix
-from specheads.decoding.verify import select_rows, verify_tree
+from specheads.decoding.verify import attention_layout, select_rows, verify_tree
 from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
 
 ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
@@ -99,7 +99,7 @@ class SpeculativeGenerator:
         self.backoff = DraftBackoff() if backoff is True else (backoff or None)
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
-        self.window = sliding_window(DynamicCache(config=target.config))  # 0: every layer sees the whole prefix
+        self.layout = attention_layout(target)  # the masks its layers read (sliding-window layers: their own)
         self.flagged_settings = generation_settings_to_flag(target)  # warned about now, and again if they change
         warn_unapplied_generation_settings(self.flagged_settings)
 
@@ -191,13 +191,6 @@ class SpeculativeGenerator:
         stop = [stop] if isinstance(stop, str) else list(stop)
         rule = "greedy" if sampling.greedy else self.acceptance
         input_ids = self.encode(prompt)  # (T,)
-        if self.window and input_ids.numel() + max_new_tokens > self.window:
-            raise ValueError(
-                f"the target uses sliding-window attention (window {self.window} tokens) and this request may reach "
-                f"{input_ids.numel() + max_new_tokens} (prompt {input_ids.numel()} + max_new_tokens {max_new_tokens}); "
-                "tree verification passes one mask over the whole prefix, which sliding-window layers do not keep. "
-                "Keep prompt + max_new_tokens within the window"
-            )
         req = self.prefill(input_ids, sampling, seed, rule)
         self.emit(req, [req.root], max_new_tokens, stop, stream)
         device = self.target.device
@@ -221,9 +214,7 @@ class SpeculativeGenerator:
             # of the deepest node; the root is depth 0 (a static tree knows it without a device sync)
             depth = tree.structure.max_depth if tree.structure is not None else int(ancestors.sum(dim=1).max()) - 1
             deep = self.max_context and prefix_len + depth >= self.max_context
-            if deep or (self.window and prefix_len + tree.num_nodes >= self.window):
-                # near the end of the context, or of a sliding window: it must hold every node, and once full
-                # transformers keeps only its last W-1 keys, which cannot be cropped back to the path; the root alone
+            if deep:  # near the end of the context, which must hold every node: the root alone
                 tree = root_only_tree(req.root, device)
                 ancestors, depth = _ancestors(tree), 0
             # 2. verify: one target forward over every node
@@ -231,7 +222,7 @@ class SpeculativeGenerator:
             t1 = time.perf_counter()
             depths = tree.structure.depths if tree.structure is not None else None
             verification = verify_tree(
-                self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors, depths
+                self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors, depths, self.layout
             )
             req.stats.target_forwards += 1
             # 3. accept: the longest acceptable path plus the bonus/correction token
@@ -267,7 +258,7 @@ class SpeculativeGenerator:
             generator = torch.Generator(device=device)
             # no seed: one drawn from the global generator, which torch.manual_seed governs and this does not reseed
             generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,)).item()))
-        cache = DynamicCache(config=self.target.config)
+        cache = new_cache(self.target)
         t0 = time.perf_counter()
         out = self.target(
             input_ids=input_ids.to(device).unsqueeze(0),
@@ -351,12 +342,6 @@ class SpeculativeGenerator:
 
 def _ancestors(tree: DraftTree) -> torch.Tensor:
     return tree.structure.ancestors if tree.structure is not None else ancestor_matrix(tree.parents)
-
-
-def sliding_window(cache: DynamicCache) -> int:
-    """The smallest sliding window among the cache's layers (0 when every layer attends to the whole prefix)."""
-    windows = [int(layer.sliding_window) for layer in cache.layers if getattr(layer, "is_sliding", False)]
-    return min(windows, default=0)
 
 
 def _cut_after_stop(text: str, stop: Sequence[str]) -> str:

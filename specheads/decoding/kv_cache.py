@@ -10,7 +10,25 @@ tail (``cache.layers[i].keys/.values`` are plain tensors ``(B, kv_heads, seq, he
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """An empty KV cache for ``model`` that can be cropped back to any length.
+
+    transformers' sliding-window cache layers keep only the last W-1 keys, so the n nodes of a verified tree would
+    push out prefix keys that the accepted path still needs, and no crop brings them back. For a model with such
+    layers the cache keeps every key instead (its memory grows with the sequence, as a model without a window's
+    does) and the window is applied by the mask (``verify.AttentionLayout``); others get transformers' own cache.
+    """
+    cache = DynamicCache(config=model.config)
+    return DynamicCache() if sliding_window(cache) else cache
+
+
+def sliding_window(cache: DynamicCache) -> int:
+    """The smallest sliding window among the cache's layers (0 when every layer attends to the whole prefix)."""
+    windows = [int(layer.sliding_window) for layer in cache.layers if getattr(layer, "is_sliding", False)]
+    return min(windows, default=0)
 
 
 def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[int]) -> None:

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, draw_children
-from specheads.decoding.kv_cache import crop_to
+from specheads.decoding.kv_cache import crop_to, new_cache
 from specheads.decoding.tree import chain_parents
 from specheads.heads import DraftModel
 
@@ -58,7 +58,7 @@ class DraftModelDrafter:
         sampling: Sampling,
         generator: torch.Generator | None,
     ) -> DraftModelState:
-        cache = DynamicCache(config=self.model.config)
+        cache = new_cache(self.model)  # cropped after each step: with every key kept on a sliding-window model
         return DraftModelState(cache, prompt_ids.view(-1).tolist(), root, self.draft_length, sampling, generator)
 
     def propose(self, state: DraftModelState) -> DraftTree:

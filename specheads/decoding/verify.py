@@ -2,7 +2,9 @@
 
 The target is a stock transformers model: the tree is expressed only through an additive 4D mask and explicit
 position ids (see ``tree.py``). The forward appends all n nodes to the cache; ``kv_cache.commit_path`` then keeps
-exactly the accepted path's entries.
+exactly the accepted path's entries. On a target with sliding-window layers the cache keeps every key
+(``kv_cache.new_cache``) and those layers get a mask that also hides keys W or more positions back, as
+transformers' own sliding-window mask does; models with both kinds of layer take one mask per layer type.
 """
 
 from __future__ import annotations
@@ -12,7 +14,42 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specheads.decoding.kv_cache import sliding_window
 from specheads.decoding.tree import ancestor_matrix, tree_attention_mask
+
+SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """The masks a target's layers read: ``window`` 0 is one mask over the whole prefix for every layer; otherwise
+    sliding layers see only the last ``window`` positions, and ``layer_types`` (when the model mixes sliding and
+    full layers) names the mask per type that its forward takes as a dict."""
+
+    window: int = 0
+    layer_types: tuple[str, ...] = ()
+
+
+def attention_layout(target: PreTrainedModel) -> AttentionLayout:
+    """How ``target``'s layers attend, read from the cache transformers would build for it and its config."""
+    window = sliding_window(DynamicCache(config=target.config))
+    if not window:
+        return AttentionLayout()
+    kinds = set(getattr(target.config.get_text_config(), "layer_types", None) or [SLIDING])
+    if not kinds <= {SLIDING, FULL}:
+        raise ValueError(
+            f"{type(target).__name__} has layers of types {sorted(kinds)}; tree verification masks "
+            f"'{SLIDING}' and '{FULL}' layers only. Decode this target with transformers' generate"
+        )
+    return AttentionLayout(window, tuple(sorted(kinds)) if len(kinds) > 1 else ())
+
+
+def windowed(mask: torch.Tensor, positions: torch.Tensor, prefix_len: int, window: int) -> torch.Tensor:
+    """``mask`` (1, 1, n, prefix + n) with the keys W or more positions behind each node also hidden: node i at
+    position p sees a key at position q only if p - q < W (transformers' ``sliding_window_overlay``)."""
+    key_positions = torch.cat([torch.arange(prefix_len, device=positions.device), positions])  # (prefix + n,)
+    too_far = positions[:, None] - key_positions[None, :] >= window  # (n, prefix + n)
+    return mask.masked_fill(too_far, torch.finfo(mask.dtype).min)
 
 
 @dataclass
@@ -31,11 +68,13 @@ def verify_tree(
     layer_ids: list[int] | None = None,
     ancestors: torch.Tensor | None = None,
     depths: torch.Tensor | None = None,
+    layout: AttentionLayout = AttentionLayout(),
 ) -> Verification:
     """Feed the n tree nodes (root first) in ONE forward: mask = prefix + ancestors, position = prefix + depth.
 
     ``layer_ids`` names the hidden-state indices the drafter reads (HF convention: 0 = embeddings, N = after the
     final norm); None skips hidden states. ``ancestors``/``depths`` may be passed when the tree was compiled once.
+    ``layout`` is the target's ``attention_layout`` (the default: no sliding-window layers).
     """
     tokens = tokens.view(-1)  # (n,)
     if ancestors is None:
@@ -46,9 +85,13 @@ def verify_tree(
     dtype = target.get_input_embeddings().weight.dtype
     mask = tree_attention_mask(ancestors.to(tokens.device), prefix_len, dtype)  # (1, 1, n, prefix + n)
     position_ids = (prefix_len + depths.to(tokens.device)).unsqueeze(0)  # (1, n)
+    masks: torch.Tensor | dict[str, torch.Tensor] = mask
+    if layout.window:
+        sliding = windowed(mask, position_ids[0], prefix_len, layout.window)
+        masks = {kind: sliding if kind == SLIDING else mask for kind in layout.layer_types} or sliding
     out = target(
         input_ids=tokens.unsqueeze(0),
-        attention_mask=mask,
+        attention_mask=masks,
         position_ids=position_ids,
         cache=cache,
         use_cache=True,

@@ -172,23 +172,26 @@ def test_build_drafter_tree_settings(tiny_llama):
     assert isinstance(build_drafter(eagle, "dynamic"), EagleTreeDrafter)
 
 
-def test_a_request_beyond_a_sliding_window_is_a_one_line_error(tmp_path, capsys):
+def test_a_request_the_target_cannot_take_is_a_one_line_error(tmp_path, capsys):
+    """A prompt longer than the target's context; a sliding-window target decodes past its window."""
     from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
 
     from specheads.target import ensure_builtin_converted
 
     config = MistralConfig(
         vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, sliding_window=16,
+        num_key_value_heads=1, sliding_window=16, max_position_embeddings=64,
     )  # fmt: skip
     MistralForCausalLM(config).save_pretrained(tmp_path / "mistral")
     AutoTokenizer.from_pretrained(ensure_builtin_converted("smollm2-135m-instruct")).save_pretrained(
         tmp_path / "mistral"
     )
-    argv = ["--target", str(tmp_path / "mistral"), "--prompt", "Hello there", "--raw", "--max-new-tokens", "40"]
-    assert generate_main(argv) == 2
+    argv = ["--target", str(tmp_path / "mistral"), "--raw", "--max-new-tokens", "40"]
+    assert generate_main([*argv, "--prompt", "Hello there"]) == 0  # 2 + 40 tokens: past the 16-token window
+    assert "stop max_new_tokens" in capsys.readouterr().err
+    assert generate_main([*argv, "--prompt", "Hello there " * 40]) == 2
     err = capsys.readouterr().err
-    assert "specheads generate: error:" in err and "sliding-window attention (window 16 tokens)" in err
+    assert "specheads generate: error:" in err and "the target's context is 64 tokens" in err
     assert "Traceback" not in err
 
 

@@ -207,13 +207,20 @@ def test_a_stop_string_given_alone_is_one_string(tiny_llama):
     assert len(listed.token_ids) > 1  # read letter by letter, " w..." would stop at the first token's space
 
 
-def test_sliding_window_target_decodes_within_the_window_and_refuses_beyond():
-    """A target whose layers keep only the last W keys: tree verification needs every prefix key, so requests
-    that fit the window decode exactly as the target's own generate, and longer ones are refused up front."""
-    from transformers import MistralConfig, MistralForCausalLM
+SLIDING_TARGETS = {  # window 16; every layer sliding (Mistral), or sliding and full layers mixed
+    "mistral": dict(sliding_window=16),
+    "qwen2": dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
+    "gemma2": dict(sliding_window=16, head_dim=16, query_pre_attn_scalar=16, attn_logit_softcapping=50.0),
+    "gemma3_text": dict(sliding_window=16, head_dim=16, layer_types=["sliding_attention", "full_attention"]),
+}
+
+
+def sliding_target(model_type: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = MistralConfig(
+    config = AutoConfig.for_model(
+        model_type,
         vocab_size=128,
         hidden_size=64,
         intermediate_size=128,
@@ -221,19 +228,53 @@ def test_sliding_window_target_decodes_within_the_window_and_refuses_beyond():
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        sliding_window=16,
-        attn_implementation="sdpa",
+        initializer_range=0.2,
+        **SLIDING_TARGETS[model_type],
     )
-    target = MistralForCausalLM(config).eval()
+    target = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval().requires_grad_(False)
     target.generation_config.eos_token_id = None
-    prompt = torch.tensor([4, 5, 6, 4, 5, 6, 4, 5])
-    expected = target.generate(prompt[None], max_new_tokens=8, do_sample=False)[0, 8:].tolist()
-    medusa = MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=3), target).eval(), static_tree([[0], [1], [0, 0]]))
-    for drafter in (None, PromptLookupDrafter(num_tokens=4, min_ngram=1), medusa):  # a tree up to the window's end
-        generator = SpeculativeGenerator(target, TinyTokenizer(), drafter)
-        assert generator.generate(prompt, max_new_tokens=8).token_ids == expected  # 8 + 8 = the window
-        with pytest.raises(ValueError, match=r"sliding-window attention \(window 16 tokens\).*may reach 17"):
-            generator.generate(prompt, max_new_tokens=9)
+    return target
+
+
+@pytest.mark.parametrize("model_type", list(SLIDING_TARGETS))
+def test_sliding_window_targets_decode_past_the_window_exactly_as_generate(model_type):
+    """A target whose sliding layers see only the last W positions, on a request three windows long: the cache
+    keeps every key (transformers' own keeps W-1, which a rejected tree would push out) and the sliding layers get
+    a windowed tree mask, so every drafter's greedy output is the target's own, with drafts accepted."""
+    from specheads.decoding.verify import attention_layout
+
+    target = sliding_target(model_type)
+    layout = attention_layout(target)
+    assert (
+        layout.window == 16
+        and layout.layer_types == ((), ("full_attention", "sliding_attention"))[model_type != "mistral"]
+    )
+    prompt = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17, 42, 5, 17])  # 12 tokens + 36 new: 48 = 3 windows
+    expected = greedy_continuation(target, prompt, 36)
+    drafters = tiny_drafters(target)
+    for name in ("medusa", "eagle3", "draft_model", "lookup", "eagle3+lookup"):
+        planted = PlantedDrafter(drafters[name], expected)
+        result = SpeculativeGenerator(target, TinyTokenizer(), planted).generate(prompt, max_new_tokens=36)
+        assert result.token_ids == expected, name
+        if name != "lookup":  # (no n-gram match, no tree to plant in)
+            assert result.stats.target_forwards < 30, name  # planted paths were accepted past the window too
+    plain = SpeculativeGenerator(target, TinyTokenizer()).generate(prompt, max_new_tokens=36)
+    assert plain.token_ids == expected
+    sampled = SpeculativeGenerator(target, TinyTokenizer(), drafters["eagle3"], acceptance="speculative")
+    assert len(sampled.generate(prompt, max_new_tokens=36, temperature=1.0, seed=0).token_ids) == 36
+
+
+def test_the_window_is_what_makes_sliding_targets_exact():
+    """The same request with the window left out of the mask (every layer seeing the whole prefix) decodes other
+    tokens: the test above would catch a mask that ignored the window."""
+    from specheads.decoding.verify import AttentionLayout
+
+    target = sliding_target("mistral")
+    prompt = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17, 42, 5, 17])
+    expected = greedy_continuation(target, prompt, 36)
+    generator = SpeculativeGenerator(target, TinyTokenizer(), tiny_drafters(target)["medusa"])
+    generator.layout = AttentionLayout()  # a deliberately wrong layout, for this check only
+    assert generator.generate(prompt, max_new_tokens=36).token_ids != expected
 
 
 @pytest.mark.parametrize("name", ["eagle1", "eagle3-d2t", "draft_model"])
