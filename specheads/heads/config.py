@@ -96,14 +96,15 @@ class TargetRecord:
 def weight_probe(model: torch.nn.Module) -> list[float]:
     """A few fixed entries of a few of the model's weights, spread from the embeddings to the last layers: enough to
     tell one set of weights from another of the same shapes, in any dtype or device. Empty when the weights cannot
-    be read here (quantized, on the meta device, or partitioned by DeepSpeed ZeRO-3) or the model is too small.
-    LoRA adapter tensors (peft) are left out, so an adapted target probes as its base."""
+    be read here (quantized, on the meta device, or partitioned by DeepSpeed ZeRO-3 or FSDP2, whose gathering takes
+    every process) or the model is too small. LoRA adapter tensors (peft) are left out, so an adapted target
+    probes as its base."""
     params = [
         param
         for name, param in model.named_parameters()
         if "lora_" not in name and param.is_floating_point() and param.numel() >= PROBE_ENTRIES
     ]
-    if len(params) < PROBE_TENSORS or any(p.device.type == "meta" or hasattr(p, "ds_numel") for p in params):
+    if len(params) < PROBE_TENSORS or any(p.device.type == "meta" or _partitioned(p) for p in params):
         return []
     picks = [params[i * (len(params) - 1) // (PROBE_TENSORS - 1)] for i in range(PROBE_TENSORS)]
     values = []
@@ -114,6 +115,17 @@ def weight_probe(model: torch.nn.Module) -> list[float]:
             index = torch.arange(PROBE_ENTRIES, device=flat.device) * 1_000_003 % flat.numel()
             values.extend(flat[index].float().cpu().tolist())
     return values
+
+
+def _partitioned(param: torch.Tensor) -> bool:
+    """Split across processes: by DeepSpeed ZeRO-3 (``ds_numel``) or by FSDP2 (a ``DTensor``)."""
+    if hasattr(param, "ds_numel"):
+        return True
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(param, DTensor)
 
 
 @dataclass

@@ -87,12 +87,15 @@ def push_folder(
     return str(getattr(info, "commit_url", info))
 
 
-def save_lora_adapter(adapted: Any, folder: str | os.PathLike, target_name: str) -> None:
+def save_lora_adapter(
+    adapted: Any, folder: str | os.PathLike, target_name: str, state_dict: dict[str, Any] | None = None
+) -> None:
     """Save a peft model's adapter into ``folder`` as it is published with the head: without peft's template
     README (a page of "[More Information Needed]"), and with ``base_model_name_or_path`` the target's name as the
     user gave it (``public_name``) rather than the local folder it was loaded from. ``load_lora_adapter`` applies
-    the adapter to the target it is given, whatever that field says."""
-    adapted.save_pretrained(str(folder))  # peft has no switch for its card
+    the adapter to the target it is given, whatever that field says. ``state_dict``, the peft model's full weights,
+    is for a model whose own tensors are shards (FSDP2): peft picks the adapter's from it."""
+    adapted.save_pretrained(str(folder), state_dict=state_dict)  # peft has no switch for its card
     (Path(folder) / "README.md").unlink(missing_ok=True)
     config_path = Path(folder) / LORA_FILES[0]
     config = json.loads(config_path.read_text())

@@ -366,11 +366,13 @@ def _save_final(accelerator, objective, cfg: TrainConfig, target, metrics: dict[
     from specheads.heads.hub import save_lora_adapter
 
     adapted = getattr(unwrapped, "adapted", None)  # Medusa-2's LoRA adapter: saved with the heads, as one unit
+    weights = {k[len("adapted.") :]: v for k, v in state.items() if k.startswith("adapted.")}  # gathered (FSDP2)
+    name = cfg.target.name
     card = {"training": to_container(cfg), "metrics": metrics, ADAPTER_KEY: adapted is not None}  # card before lora/
     if "eval/tau" in metrics:
         card["acceptance"] = {"simulated_chain_tau": metrics["eval/tau"]}
     head.save_pretrained(  # the adapter as published: no peft template card, the target named as the user gave it
         out,
         card=card,
-        write_adapter=None if adapted is None else lambda folder: save_lora_adapter(adapted, folder, cfg.target.name),
+        write_adapter=None if adapted is None else lambda folder: save_lora_adapter(adapted, folder, name, weights),
     )

@@ -202,6 +202,43 @@ def test_fsdp2_on_two_cpu_processes_matches_ddp_and_resumes(tiny_target_dir, sma
     load_head(tmp_path / "fsdp" / "run", target)
 
 
+def test_medusa2_under_fsdp2_saves_the_head_and_adapter_ddp_saves_and_resumes(
+    tiny_target_dir, small_chat_file, tmp_path
+):
+    """Medusa-2's objective holds the adapted target, so FSDP2 shards the target with the heads. The final save read
+    the target's weight probe and peft's adapter tensors from those shards and crashed after the last step; both now
+    come from what was recorded before sharding and from the gathered state. Head and adapter equal DDP's, the
+    step-2 checkpoint resumes to the same weights, and the head loads with its adapter. (FSDP's checkpoints still
+    hold the frozen target's shards: Accelerate saves FSDP models through torch's own state dict, whole.)"""
+    runs = {}
+    for name, launch_config, extra in [
+        ("ddp", "cpu-2proc.yaml", {}),
+        ("fsdp", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
+        ("fsdp-resumed", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
+    ]:
+        out = tmp_path / name / "run"
+        settings = dict(max_steps=4, batch_size=2, eval_every=0, save_every=2, mixed_precision="no")
+        overrides = tiny_overrides(tiny_target_dir, small_chat_file, out, **settings) + ["lora.heads_warmup_steps=1"]
+        if name == "fsdp-resumed":
+            overrides.append(f"train.resume={tmp_path / 'fsdp' / 'run' / 'checkpoints' / 'step-00000002'}")
+        ranks = _launch(launch_config, "medusa2", tmp_path / name, overrides, ACCELERATE_USE_CPU="1", **extra)
+        _assert_in_sync(ranks, "MULTI_CPU" if name == "ddp" else "FSDP", 4)
+        runs[name] = {f: load_file(out / f) for f in ("model.safetensors", "lora/adapter_model.safetensors")}
+    lora_b = [v for k, v in runs["ddp"]["lora/adapter_model.safetensors"].items() if "lora_B" in k]
+    assert lora_b and all(v.abs().max() > 0 for v in lora_b)  # the adapters trained (they start at zero)
+    for name in ("fsdp", "fsdp-resumed"):
+        for file, tensors in runs["ddp"].items():
+            assert runs[name][file].keys() == tensors.keys(), (name, file)
+            for key, value in tensors.items():
+                torch.testing.assert_close(runs[name][file][key], value, rtol=1e-4, atol=1e-6, msg=f"{name}: {key}")
+    saved = json.loads((tmp_path / "fsdp" / "run" / "config.json").read_text())
+    assert saved["config"]["target"]["weight_probe"]  # the record taken before sharding, not an empty one
+    from specheads.heads import load_lora_adapter
+
+    target, _ = load_target(Path(tiny_target_dir))
+    load_head(tmp_path / "fsdp" / "run", load_lora_adapter(target, tmp_path / "fsdp" / "run"))
+
+
 def test_two_nodes_on_localhost_train_as_one_group(tiny_target_dir, small_chat_file, tmp_path):
     """configs/accelerate/multi-node.yaml as a user runs it: one `accelerate launch` per node, each with its own
     --machine_rank and node 0's address. Here both "nodes" are this machine (one CPU process each, gloo), so two
