@@ -262,6 +262,10 @@ def test_sliding_window_targets_decode_past_the_window_exactly_as_generate(model
     assert plain.token_ids == expected
     sampled = SpeculativeGenerator(target, TinyTokenizer(), drafters["eagle3"], acceptance="speculative")
     assert len(sampled.generate(prompt, max_new_tokens=36, temperature=1.0, seed=0).token_ids) == 36
+    long_prompt = prompt.repeat(2)  # 24 tokens: the prompt alone is past the window (the prefill's own mask)
+    expected = greedy_continuation(target, long_prompt, 24)
+    planted = PlantedDrafter(drafters["eagle3"], expected)
+    assert SpeculativeGenerator(target, TinyTokenizer(), planted).generate(long_prompt, 24).token_ids == expected
 
 
 def test_the_window_is_what_makes_sliding_targets_exact():
