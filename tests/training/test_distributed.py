@@ -324,6 +324,29 @@ def test_medusa2_under_deepspeed_checkpoints_without_the_frozen_target_and_resum
     assert (resumed_dir / "lora" / "adapter_model.safetensors").is_file()
 
 
+def test_medusa2_under_zero3_checkpoints_without_the_frozen_target_and_resumes(
+    tiny_target_dir, small_chat_file, tmp_path
+):
+    """ZeRO-3 partitions the adapted target with the heads; its checkpoints still leave the frozen weights out (a
+    checkpoint, optimizer state included, is a fraction of the target's own file), and a run resumed from step 2
+    ends where the uninterrupted run does, with the adapter saved."""
+    settings = dict(max_steps=4, batch_size=2, eval_every=0, save_every=2, keep_last=2)
+    runs = {}
+    for name in ("whole", "resumed"):
+        out = tmp_path / name / "run"
+        overrides = tiny_overrides(tiny_target_dir, small_chat_file, out, **settings) + ["lora.heads_warmup_steps=1"]
+        if name == "resumed":
+            overrides.append(f"train.resume={tmp_path / 'whole' / 'run' / 'checkpoints' / 'step-00000002'}")
+        runs[name] = _launch("deepspeed-zero3.yaml", "medusa2", tmp_path / name, overrides)
+    checkpoint = tmp_path / "whole" / "run" / "checkpoints" / "step-00000002"
+    saved = sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+    target_bytes = sum(f.stat().st_size for f in Path(tiny_target_dir).glob("*.safetensors"))
+    assert saved < 0.1 * target_bytes, (saved, target_bytes)
+    assert runs["resumed"][0]["step"] == runs["whole"][0]["step"] == 4
+    assert runs["resumed"][0]["checksum"] == pytest.approx(runs["whole"][0]["checksum"], rel=1e-9, abs=1e-9)
+    assert (tmp_path / "resumed" / "run" / "lora" / "adapter_model.safetensors").is_file()
+
+
 def test_each_rank_loads_the_target_onto_its_own_gpu(monkeypatch):
     """The target loads before the Accelerator exists, straight onto the device the rank will train on (no host
     copy per rank): LOCAL_RANK's GPU, or the CPU when the launch asks for it or there is no GPU."""
