@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -173,24 +174,40 @@ def test_eval_over_two_processes_counts_each_held_out_sample_once(tiny_target_di
         assert two_step0[name] == pytest.approx(one_step0[name], rel=1e-6), name
 
 
+FSDP_ON_CPU = {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}  # launch_train.py lifts Accelerate's accelerator-only FSDP gate
+
+
+def _ddp_then_fsdp_and_resumed(
+    head_config: str, tmp_path: Path, overrides_for: Callable[[Path], list[str]]
+) -> dict[str, tuple[list[dict], Path]]:
+    """The same 4-step run under DDP, under FSDP2, and under FSDP2 resumed from the latter's step-2 checkpoint, each
+    on two CPU processes: every run's rank records and output folder."""
+    runs = {}
+    for name, launch_config, extra in [
+        ("ddp", "cpu-2proc.yaml", {}),
+        ("fsdp", "fsdp.yaml", FSDP_ON_CPU),
+        ("fsdp-resumed", "fsdp.yaml", FSDP_ON_CPU),
+    ]:
+        out = tmp_path / name / "run"
+        overrides = overrides_for(out)
+        if name == "fsdp-resumed":
+            overrides.append(f"train.resume={tmp_path / 'fsdp' / 'run' / 'checkpoints' / 'step-00000002'}")
+        ranks = _launch(launch_config, head_config, tmp_path / name, overrides, ACCELERATE_USE_CPU="1", **extra)
+        _assert_in_sync(ranks, "MULTI_CPU" if name == "ddp" else "FSDP", 4)
+        runs[name] = (ranks, out)
+    return runs
+
+
 def test_fsdp2_on_two_cpu_processes_matches_ddp_and_resumes(tiny_target_dir, small_chat_file, tmp_path):
     """configs/accelerate/fsdp.yaml with torch's FSDP2 sharding the head over two CPU processes (Accelerate's
     accelerator-only gate lifted in launch_train.py): the same data and seed end at the weights DDP reaches, the
     sharded checkpoint (torch.distributed.checkpoint files) resumes to the same weights, and the head loads."""
+    settings = dict(max_steps=4, batch_size=2, eval_every=4, save_every=2, mixed_precision="no")
+    launched = _ddp_then_fsdp_and_resumed(
+        "medusa", tmp_path, lambda out: tiny_overrides(tiny_target_dir, small_chat_file, out, **settings)
+    )
     runs = {}
-    for name, launch_config, extra in [
-        ("ddp", "cpu-2proc.yaml", {}),
-        ("fsdp", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
-        ("fsdp-resumed", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
-    ]:
-        out = tmp_path / name / "run"
-        overrides = tiny_overrides(
-            tiny_target_dir, small_chat_file, out, max_steps=4, batch_size=2, eval_every=4, save_every=2
-        ) + ["train.mixed_precision=no"]
-        if name == "fsdp-resumed":
-            overrides.append(f"train.resume={tmp_path / 'fsdp' / 'run' / 'checkpoints' / 'step-00000002'}")
-        ranks = _launch(launch_config, "medusa", tmp_path / name, overrides, ACCELERATE_USE_CPU="1", **extra)
-        _assert_in_sync(ranks, "MULTI_CPU" if name == "ddp" else "FSDP", 4)
+    for name, (ranks, out) in launched.items():
         assert ranks[0]["eval_steps"] == ([4] if name == "fsdp-resumed" else [0, 4])
         runs[name] = load_file(out / "model.safetensors")
     assert any(p.name.endswith(".distcp") for p in (tmp_path / "fsdp" / "run" / "checkpoints").rglob("*"))
@@ -210,20 +227,14 @@ def test_medusa2_under_fsdp2_saves_the_head_and_adapter_ddp_saves_and_resumes(
     come from what was recorded before sharding and from the gathered state. Head and adapter equal DDP's, the
     step-2 checkpoint resumes to the same weights, and the head loads with its adapter. (FSDP's checkpoints still
     hold the frozen target's shards: Accelerate saves FSDP models through torch's own state dict, whole.)"""
-    runs = {}
-    for name, launch_config, extra in [
-        ("ddp", "cpu-2proc.yaml", {}),
-        ("fsdp", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
-        ("fsdp-resumed", "fsdp.yaml", {"SPECHEADS_TEST_FSDP_ON_CPU": "1"}),
-    ]:
-        out = tmp_path / name / "run"
-        settings = dict(max_steps=4, batch_size=2, eval_every=0, save_every=2, mixed_precision="no")
-        overrides = tiny_overrides(tiny_target_dir, small_chat_file, out, **settings) + ["lora.heads_warmup_steps=1"]
-        if name == "fsdp-resumed":
-            overrides.append(f"train.resume={tmp_path / 'fsdp' / 'run' / 'checkpoints' / 'step-00000002'}")
-        ranks = _launch(launch_config, "medusa2", tmp_path / name, overrides, ACCELERATE_USE_CPU="1", **extra)
-        _assert_in_sync(ranks, "MULTI_CPU" if name == "ddp" else "FSDP", 4)
-        runs[name] = {f: load_file(out / f) for f in ("model.safetensors", "lora/adapter_model.safetensors")}
+    settings = dict(max_steps=4, batch_size=2, eval_every=0, save_every=2, mixed_precision="no")
+    launched = _ddp_then_fsdp_and_resumed(
+        "medusa2",
+        tmp_path,
+        lambda out: tiny_overrides(tiny_target_dir, small_chat_file, out, **settings) + ["lora.heads_warmup_steps=1"],
+    )
+    files = ("model.safetensors", "lora/adapter_model.safetensors")
+    runs = {name: {f: load_file(out / f) for f in files} for name, (_, out) in launched.items()}
     lora_b = [v for k, v in runs["ddp"]["lora/adapter_model.safetensors"].items() if "lora_B" in k]
     assert lora_b and all(v.abs().max() > 0 for v in lora_b)  # the adapters trained (they start at zero)
     for name in ("fsdp", "fsdp-resumed"):
