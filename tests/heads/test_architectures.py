@@ -162,3 +162,27 @@ def test_a_target_that_refuses_sdpa_loads_with_eager_and_decodes_losslessly(tmp_
     expected = target.generate(prompt, max_new_tokens=12, do_sample=False)[0, 8:].tolist()
     assert result.token_ids == expected[: len(result.token_ids)] and len(result.token_ids) > 0
     assert len(result.token_ids) == 12 or result.token_ids[-1] == tokenizer.eos_token_id
+
+
+def test_a_multimodal_gemma3_decodes_text_past_its_window_with_every_head():
+    """Gemma3's 4B+ checkpoints load as ``Gemma3ForConditionalGeneration`` (a vision tower around the text model):
+    heads are built from its text model's layer and vocabulary, and text decoding past the sliding window is the
+    target's own greedy output."""
+    from transformers import Gemma3Config
+
+    text = dict(COMMON, head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28)
+    config = Gemma3Config(
+        text_config=text, vision_config={**vision, "patch_size": 14}, mm_tokens_per_image=4, image_token_index=127
+    )
+    torch.manual_seed(0)
+    target = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval().requires_grad_(False)
+    assert type(target).__name__ == "Gemma3ForConditionalGeneration"
+    target.generation_config.eos_token_id = None
+    prompt = torch.tensor([[1, 5, 9, 33, 7, 5, 9, 33, 12, 40, 5, 9]])
+    expected = target.generate(prompt, max_new_tokens=24, do_sample=False)[0, prompt.shape[1] :].tolist()
+    heads = [MedusaHeads(MedusaConfig(num_heads=2), target)]
+    heads += [EagleDrafter(EagleConfig(version=version), target) for version in (1, 3)]
+    for head in heads:
+        generator = SpeculativeGenerator(target, TinyTokenizer(), build_drafter(head.eval(), "chain:2"))
+        assert generator.generate(prompt, max_new_tokens=24).token_ids == expected, type(head).__name__
