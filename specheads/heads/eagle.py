@@ -99,7 +99,7 @@ class EagleDrafter(DraftHead):
             layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
         self.layer = layer_cls(layer_config, 0).to(dtype)
         self.rotary = rotary_cls(config=layer_config)
-        self.rotary_layer_type = _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
+        self.rotary_args = _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
         if config.version == 1:
             if config.draft_vocab_size is not None:
                 raise HeadConfigError(
@@ -210,8 +210,7 @@ class EagleDrafter(DraftHead):
                 batch, 1, -1, -1
             )
         embeds = self.borrowed.embed_tokens(input_ids).to(features.dtype)  # (B, T, H)
-        per_type = () if self.rotary_layer_type is None else (self.rotary_layer_type,)  # Gemma3: one rotary per type
-        position_embeddings = self.rotary(features, position_ids, *per_type)
+        position_embeddings = self.rotary(features, position_ids, *self.rotary_args)  # Gemma3: + the layer type
         layer = self.layer
         if self.version == 1:
             residual = self.fc(torch.cat([embeds, features], dim=-1))
@@ -262,11 +261,12 @@ FULL_ATTENTION = "full_attention"
 global rotary embedding."""
 
 
-def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, target_name: str) -> str | None:
+def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, target_name: str) -> tuple[str, ...]:
     """The drafter wires the target's decoder layer by hand: a Llama-style pre-norm block, or Gemma2/3's with its
     extra feed-forward norms. Other layers (more norms, post-norm blocks, rotary embeddings that need more than
     a layer type) or, for EAGLE-3's widened attention, fused q/k/v projections (Phi-3) would be silently mis-wired
-    or crash mid-training: refuse them here. Returns the layer type the rotary embedding takes (Gemma3), or None."""
+    or crash mid-training: refuse them here. Returns the arguments the rotary embedding takes after (x, positions):
+    Gemma3's the layer type, others' none."""
     problems = [f"no `{name}`" for name in EAGLE_LAYER_PARTS if not hasattr(layer, name)]
     known = EAGLE_LAYER_PARTS + (SANDWICH_NORMS if all(hasattr(layer, n) for n in SANDWICH_NORMS) else ())
     unused = sorted(name for name, child in layer.named_children() if name not in known and "norm" in name.lower())
@@ -289,4 +289,4 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
             "Gemma2/3's. Medusa heads and draft models work with this target"
             + ("; so does EAGLE-1." if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else ".")
         )
-    return FULL_ATTENTION if rotary_args else None
+    return (FULL_ATTENTION,) if rotary_args else ()

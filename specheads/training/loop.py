@@ -361,18 +361,21 @@ def _save_final(accelerator, objective, cfg: TrainConfig, target, metrics: dict[
     live = unwrapped.head
     builder = getattr(type(live), "for_loading", type(live))
     head = builder(copy.deepcopy(live.config), target)
-    head.load_state_dict({k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")}, strict=True)
+    head.load_state_dict(_submodule_state(state, "head"), strict=True)
     from specheads.heads.card import ADAPTER_KEY
     from specheads.heads.hub import save_lora_adapter
 
     adapted = getattr(unwrapped, "adapted", None)  # Medusa-2's LoRA adapter: saved with the heads, as one unit
-    weights = {k[len("adapted.") :]: v for k, v in state.items() if k.startswith("adapted.")}  # gathered (FSDP2)
-    name = cfg.target.name
+    write_adapter = None
+    if adapted is not None:  # the adapter as published: no peft template card, the target named as the user gave it
+        weights = _submodule_state(state, "adapted")  # gathered: under FSDP2 the peft model's own tensors are shards
+        write_adapter = partial(save_lora_adapter, adapted, target_name=cfg.target.name, state_dict=weights)
     card = {"training": to_container(cfg), "metrics": metrics, ADAPTER_KEY: adapted is not None}  # card before lora/
     if "eval/tau" in metrics:
         card["acceptance"] = {"simulated_chain_tau": metrics["eval/tau"]}
-    head.save_pretrained(  # the adapter as published: no peft template card, the target named as the user gave it
-        out,
-        card=card,
-        write_adapter=None if adapted is None else lambda folder: save_lora_adapter(adapted, folder, name, weights),
-    )
+    head.save_pretrained(out, card=card, write_adapter=write_adapter)
+
+
+def _submodule_state(state: dict[str, Any], name: str) -> dict[str, Any]:
+    """The entries of a full state dict under submodule ``name``, keyed as that submodule's own state dict."""
+    return {key[len(name) + 1 :]: value for key, value in state.items() if key.startswith(f"{name}.")}

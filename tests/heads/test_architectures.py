@@ -103,9 +103,9 @@ def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_typ
     with torch.no_grad():
         hidden, _ = drafter(features, ids, positions)
         x = drafter.fc(torch.cat([drafter.borrowed.embed_tokens(ids), features], dim=-1))
-        layer_type = () if drafter.rotary_layer_type is None else (drafter.rotary_layer_type,)
         mask = causal_additive_mask(6, 0, x.dtype, x.device).expand(1, 1, -1, -1)
-        own = drafter.layer(x, position_embeddings=drafter.rotary(x, positions, *layer_type), attention_mask=mask)
+        rotary = drafter.rotary(x, positions, *drafter.rotary_args)
+        own = drafter.layer(x, position_embeddings=rotary, attention_mask=mask)
     own = own[0] if isinstance(own, tuple) else own
     torch.testing.assert_close(hidden, own, rtol=1e-5, atol=1e-5)
     assert hidden.abs().mean() > 0.1  # not a degenerate all-zero comparison
