@@ -83,7 +83,16 @@ class BenchSettings:
 
 def build_parser() -> argparse.ArgumentParser:
     d = BenchSettings()
-    p = argparse.ArgumentParser(prog="specheads bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="specheads bench", description=__doc__.split("\n\n")[0])
+    _add_workload_arguments(parser, d)
+    _add_method_arguments(parser, d)
+    _add_auto_tree_arguments(parser, d)
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    return parser
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:
+    p = parser.add_argument_group("what is measured")
     p.add_argument("--target", default=d.target, help="target model (built-in name, directory, .gguf, Hub id)")
     p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
     p.add_argument("--per-category", type=int, default=d.per_category, help="questions per category")
@@ -91,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (lossless check)")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (T>0)")
+    p.add_argument("--device", default=d.device, help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
+    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--out", default=d.out, help="output folder for results.json, results.md and plots")
+
+
+def _add_method_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:
+    p = parser.add_argument_group("methods compared")
     p.add_argument("--head", dest="heads", action="append", default=[], help="head folder (repeatable)")
     p.add_argument(
         "--tree",
@@ -103,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assistant", default=None, help="draft model head folder for hf-assisted")
     p.add_argument("--assistant-layers", type=int, default=d.assistant_layers, help="layers of the default assistant")
     p.add_argument("--prompt-lookup-tokens", type=int, default=d.prompt_lookup_tokens)
-    p.add_argument("--device", default=d.device, help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
-    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--out", default=d.out, help="output folder for results.json, results.md and plots")
+
+
+def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:
+    p = parser.add_argument_group("--tree auto and head variants")
     p.add_argument(
         "--calibration-prompts",
         type=int,
@@ -147,8 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
         "least N tokens (2 or 3) propose the lookup chain alone and the head sits out; auto (needs --tree auto): "
         "N, or never, as the cost model prices it on the calibration run",
     )
-    p.add_argument("--no-progress", dest="progress", action="store_false")
-    return p
 
 
 def _solo_length(value: str) -> int | str:

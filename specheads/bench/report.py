@@ -122,7 +122,11 @@ def _lossless(methods: list[Method], name: str) -> bool:
 
 def markdown_report(report: dict[str, Any]) -> str:
     """Tables: overall per method, speedup and tau per category, accepted-length histograms."""
-    results, categories = report["results"], report["categories"]
+    lines = _overall_table(report) + _category_tables(report) + _histogram_table(report["results"])
+    return "\n".join(lines + _trees_costs_and_mismatches(report)) + "\n"
+
+
+def _overall_table(report: dict[str, Any]) -> list[str]:
     config = report["config"]
     greedy = config.get("temperature", 0) == 0
     lines = [
@@ -133,7 +137,7 @@ def markdown_report(report: dict[str, Any]) -> str:
         "| method | tau | tokens/s | speedup | identical at T=0 | time draft / verify / other | peak mem (MB) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name, per_group in results.items():
+    for name, per_group in report["results"].items():
         s = per_group[OVERALL]
         identical = "baseline" if name == report["baseline"] else (f"{s['identical']}/{s['compared']}")
         if s.get("near_ties"):
@@ -145,13 +149,19 @@ def markdown_report(report: dict[str, Any]) -> str:
             f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {s['speedup']:.2f}x | "
             f"{identical if greedy else 'n/a (T>0)'} | {split} | {memory} |"
         )
+    return lines
+
+
+def _category_tables(report: dict[str, Any]) -> list[str]:
+    results, categories = report["results"], report["categories"]
+    lines = []
     for title, key, fmt in (("Speedup", "speedup", "{:.2f}x"), ("tau", "tau", "{:.2f}")):
         lines += ["", f"{title} per category:", "", "| method | " + " | ".join(categories) + " | overall |"]
         lines.append("|---" * (len(categories) + 2) + "|")
         for name, per_group in results.items():
             cells = [fmt.format(per_group[c][key]) if c in per_group else "-" for c in [*categories, OVERALL]]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += [
+    return lines + [
         "",
         "speedup = baseline s/token / method s/token (= time ratio when outputs are identical). Time split: every "
         "target forward (the prompt's included) is verify; drafting includes the drafter's start on the prompt. Peak "
@@ -159,17 +169,26 @@ def markdown_report(report: dict[str, Any]) -> str:
         "freed memory, so RSS only rises: the whole process peaked at "
         f"{report.get('process_peak_rss_mb') or 0:.0f} MB RSS.",
     ]
+
+
+def _histogram_table(results: dict[str, Any]) -> list[str]:
     hists = {n: g[OVERALL] for n, g in results.items() if g[OVERALL]["accepted_length_hist"]}
-    if hists:
-        longest = max(max(int(k) for k in s["accepted_length_hist"]) for s in hists.values())
-        lines += ["", "Accepted draft tokens per step (share of steps):", ""]
-        lines += ["| method | " + " | ".join(str(k) for k in range(longest + 1)) + " | mean |"]
-        lines.append("|---" * (longest + 3) + "|")
-        for name, s in hists.items():
-            hist = {int(k): v for k, v in s["accepted_length_hist"].items()}
-            steps = sum(hist.values())
-            cells = [f"{100 * hist.get(k, 0) / steps:.0f}%" for k in range(longest + 1)]
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {s['mean_accepted_length']:.2f} |")
+    if not hists:
+        return []
+    longest = max(max(int(k) for k in s["accepted_length_hist"]) for s in hists.values())
+    lines = ["", "Accepted draft tokens per step (share of steps):", ""]
+    lines += ["| method | " + " | ".join(str(k) for k in range(longest + 1)) + " | mean |"]
+    lines.append("|---" * (longest + 3) + "|")
+    for name, s in hists.items():
+        hist = {int(k): v for k, v in s["accepted_length_hist"].items()}
+        steps = sum(hist.values())
+        cells = [f"{100 * hist.get(k, 0) / steps:.0f}%" for k in range(longest + 1)]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {s['mean_accepted_length']:.2f} |")
+    return lines
+
+
+def _trees_costs_and_mismatches(report: dict[str, Any]) -> list[str]:
+    lines = []
     trees = {n: m["tree"] for n, m in report["methods"].items() if m.get("tree")}
     if trees:
         lines += ["", "Trees:", ""] + [f"- `{n}`: {t}" for n, t in trees.items()]
@@ -179,9 +198,9 @@ def markdown_report(report: dict[str, Any]) -> str:
         cells = ", ".join(f"{n}: {1000 * s:.0f} ms" for n, s in zip(c["sizes"], c["seconds"]))
         lines += ["", f"Target forward cost by new tokens ({c['device']}, {c['dtype']}, auto trees): {cells}"]
     if report.get("near_ties"):
-        lines += ["", f"Near-ties at T=0 ({config.get('dtype')}: outputs part where the baseline's own logits were "
-                  "within a few 16-bit steps, which a multi-token verify rounds differently; not counted as "
-                  "mismatches):", ""]  # fmt: skip
+        lines += ["", f"Near-ties at T=0 ({report['config'].get('dtype')}: outputs part where the baseline's own "
+                  "logits were within a few 16-bit steps, which a multi-token verify rounds differently; not counted "
+                  "as mismatches):", ""]  # fmt: skip
         lines += [
             f"- `{m['method']}` on question {m['question_id']} ({m['category']}): logit gap {m['gap']:.4f}"
             for m in report["near_ties"]
@@ -189,7 +208,7 @@ def markdown_report(report: dict[str, Any]) -> str:
     if report["mismatches"]:
         lines += ["", "**MISMATCHES at T=0 (lossless methods whose output differs from the baseline):**", ""]
         lines += [f"- `{m['method']}` on question {m['question_id']} ({m['category']})" for m in report["mismatches"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:

@@ -116,28 +116,39 @@ def accept_speculative(
     p = target_probs[0]  # (V,)
     q = None if draft_probs is None else draft_probs[0]  # (V,) or None
     while True:
-        accepted = None
-        for child in children[path[-1]]:
-            x = token_list[child]
-            p_x = p[x].item()
-            q_x = 0.0 if q is None or fixed_list[child] else q[x].item()
-            if q_x > 0:  # x was drawn from q: accept with probability min(1, p(x) / q(x))
-                if uniforms[child] * q_x < p_x:
-                    accepted = child
-                    break
-                p = _normalized_or(torch.clamp(p - q, min=0), fallback=p)
-                rest = _without_token(q, x)
-                q = _normalized_or(rest, fallback=rest)  # all zero: later siblings count as fixed proposals
-            else:  # fixed proposal: a draw from the point mass at x, accepted with probability p(x)
-                if uniforms[child] < p_x:
-                    accepted = child
-                    break
-                p = _normalized_or(_without_token(p, x), fallback=p)
+        accepted, p = _try_children(children[path[-1]], token_list, fixed_list, uniforms, p, q)
         if accepted is None:
             return AcceptResult(path=path, next_token=sample_from_probs(p, generator))
         path.append(accepted)
         p = target_probs[accepted]
         q = None if draft_probs is None else draft_probs[accepted]
+
+
+def _try_children(
+    children: list[int],
+    tokens: list[int],
+    fixed: list[bool],
+    uniforms: list[float],
+    p: Tensor,  # (V,) residual target distribution at the node
+    q: Tensor | None,  # (V,) draft distribution its children were drawn from, or None (fixed proposals)
+) -> tuple[int | None, Tensor]:
+    """One node of `accept_speculative`'s walk: recursive rejection over its children in draft order. Returns the
+    accepted child (None if every child was rejected) and the residual p to sample from when none was accepted."""
+    for child in children:
+        x = tokens[child]
+        p_x = p[x].item()
+        q_x = 0.0 if q is None or fixed[child] else q[x].item()
+        if q_x > 0:  # x was drawn from q: accept with probability min(1, p(x) / q(x))
+            if uniforms[child] * q_x < p_x:
+                return child, p
+            p = _normalized_or(torch.clamp(p - q, min=0), fallback=p)
+            rest = _without_token(q, x)
+            q = _normalized_or(rest, fallback=rest)  # all zero: later siblings count as fixed proposals
+        else:  # fixed proposal: a draw from the point mass at x, accepted with probability p(x)
+            if uniforms[child] < p_x:
+                return child, p
+            p = _normalized_or(_without_token(p, x), fallback=p)
+    return None, p
 
 
 def accept_typical(

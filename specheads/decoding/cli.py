@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.decoding.draft import PromptLookupDrafter
 from specheads.decoding.drafters import (
@@ -159,7 +159,7 @@ def resolve_head_argument(head: str, option: str = "--head") -> Path:
 
 
 def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
-    from specheads.target import cache_root, load_target, resolve_device_dtype
+    from specheads.target import load_target, resolve_device_dtype
 
     try:
         device, dtype = resolve_device_dtype(args.device, args.dtype)
@@ -171,30 +171,7 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
     if args.prompt_lookup:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
     elif head_dir is not None:
-        from specheads.heads import load_head, load_lora_adapter
-
-        target = load_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
-        if getattr(target, ADAPTER_MARK, None):
-            _stderr(
-                f"note: {args.head} is a Medusa-2 head, trained with a LoRA adapter on the target: decoding runs "
-                f"{args.target} with that adapter applied, so the output is exactly the adapted model's (distilled "
-                f"to stay close to {args.target}'s own, not equal to it)"
-            )
-        head = load_head(head_dir, target)
-        if args.tree == "auto":
-            spec = auto_tree_drafter(
-                head,
-                head_dir,
-                target,
-                tokenizer,
-                cache_root(),
-                args.recalibrate,
-                log=_stderr,
-                lookup_branch=args.lookup_branch,
-                lookup_solo=args.lookup_solo,
-            )
-        else:
-            spec = _fixed_tree(args, parser, head, target.device)
+        target, spec = _head_drafter(args, parser, head_dir, target, tokenizer)
     drafter = spec.drafter
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
@@ -220,6 +197,40 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         where += ", target + LoRA adapter"
     print(f"[{describe(spec, args)}; {where}] {result.stats.summary()}", file=sys.stderr)
     return 0
+
+
+def _head_drafter(
+    args: GenerateArgs,
+    parser: HfArgumentParser,
+    head_dir: Path,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+) -> tuple[PreTrainedModel, DrafterSpec]:
+    """The target to decode (Medusa-2: with its LoRA adapter applied) and the head's drafter for ``--tree``."""
+    from specheads.heads import load_head, load_lora_adapter
+    from specheads.target import cache_root
+
+    target = load_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
+    if getattr(target, ADAPTER_MARK, None):
+        _stderr(
+            f"note: {args.head} is a Medusa-2 head, trained with a LoRA adapter on the target: decoding runs "
+            f"{args.target} with that adapter applied, so the output is exactly the adapted model's (distilled "
+            f"to stay close to {args.target}'s own, not equal to it)"
+        )
+    head = load_head(head_dir, target)
+    if args.tree == "auto":
+        return target, auto_tree_drafter(
+            head,
+            head_dir,
+            target,
+            tokenizer,
+            cache_root(),
+            args.recalibrate,
+            log=_stderr,
+            lookup_branch=args.lookup_branch,
+            lookup_solo=args.lookup_solo,
+        )
+    return target, _fixed_tree(args, parser, head, target.device)
 
 
 def _fixed_tree(args: GenerateArgs, parser: HfArgumentParser, head: Any, device: torch.device) -> DrafterSpec:

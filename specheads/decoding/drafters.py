@@ -308,21 +308,7 @@ def auto_tree_drafter(
         log(f"auto tree: the cached tree has no lookup-alone length priced for a {lookup_branch}-token branch")
         cached = None
     if cached is not None:
-        choice = cached.choice
-        note = "" if choice.num_nodes else ", plain decoding"
-        spec = DrafterSpec(
-            drafter_for_choice(head, choice),
-            f"auto, cached from {cached.calibrated_on}: {choice.describe()}{note}",
-            choice,
-        )
-        if not lookup_branch:
-            return spec
-        solo = cached.lookup_solo[lookup_branch] if lookup_solo == "auto" else lookup_solo
-        branched = with_lookup_branch(spec, lookup_branch, solo)
-        if lookup_solo == "auto" and spec.drafter is not None:
-            chosen = "never" if solo is None else f"on {solo}-gram or longer matches"
-            branched.tree += f"; lookup alone: auto, cached ({chosen})"
-        return branched
+        return _cached_auto_spec(head, cached, lookup_branch, lookup_solo)
     curve_path = cost_curve_cache_path(target, Path(cache_dir))
     if recalibrate or not curve_path.is_file():
         log(f"auto tree: timing the target on {device_label(target.device)} (cached after the first run)")
@@ -346,3 +332,20 @@ def auto_tree_drafter(
         else f"auto tree: cached in {path}"
     )
     return spec
+
+
+def _cached_auto_spec(head: Any, cached: CachedTree, lookup_branch: int, lookup_solo: int | str | None) -> DrafterSpec:
+    """``auto_tree_drafter``'s spec from a cached choice (and, with a branch, its cached lookup-alone price)."""
+    choice = cached.choice
+    note = "" if choice.num_nodes else ", plain decoding"
+    spec = DrafterSpec(
+        drafter_for_choice(head, choice), f"auto, cached from {cached.calibrated_on}: {choice.describe()}{note}", choice
+    )
+    if not lookup_branch:
+        return spec
+    solo = cached.lookup_solo[lookup_branch] if lookup_solo == "auto" else lookup_solo
+    branched = with_lookup_branch(spec, lookup_branch, solo)
+    if lookup_solo == "auto" and spec.drafter is not None:
+        chosen = "never" if solo is None else f"on {solo}-gram or longer matches"
+        branched.tree += f"; lookup alone: auto, cached ({chosen})"
+    return branched

@@ -246,21 +246,32 @@ def validate(cfg: TrainConfig) -> None:
         HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options))
     except (ValueError, TypeError) as err:
         raise ConfigError(f"head.options: {err}") from None
-    if cfg.features.mode == "offline" and not cfg.features.cache_dir:
+    _check_feature_source(cfg.features)
+    _check_lora(cfg)
+    _check_bounds(cfg)
+
+
+def _check_feature_source(features: FeatureSection) -> None:
+    """Online features run the target; offline ones read a cache: each setting belongs to one of the two."""
+    if features.mode == "offline" and not features.cache_dir:
         raise ConfigError(
             "features.mode=offline needs features.cache_dir (written by `specheads data cache-features`)."
         )
-    if cfg.features.cache_dir and cfg.features.mode != "offline":
+    if features.cache_dir and features.mode != "offline":
         raise ConfigError(
-            f"features.cache_dir={cfg.features.cache_dir!r} is read only with features.mode=offline; found "
-            f"features.mode={cfg.features.mode!r}. Add features.mode=offline to train from the cache, or drop "
+            f"features.cache_dir={features.cache_dir!r} is read only with features.mode=offline; found "
+            f"features.mode={features.mode!r}. Add features.mode=offline to train from the cache, or drop "
             "features.cache_dir to run the target online."
         )
-    if cfg.features.extra_cache_dirs and cfg.features.mode != "offline":
+    if features.extra_cache_dirs and features.mode != "offline":
         raise ConfigError(
-            f"features.extra_cache_dirs={cfg.features.extra_cache_dirs} is read only with features.mode=offline; "
-            f"found features.mode={cfg.features.mode!r}."
+            f"features.extra_cache_dirs={features.extra_cache_dirs} is read only with features.mode=offline; "
+            f"found features.mode={features.mode!r}."
         )
+
+
+def _check_lora(cfg: TrainConfig) -> None:
+    """Medusa-2's adapters train with the heads, from online features, after the heads' warm-up."""
     if cfg.lora.enabled and cfg.head.type != "medusa":
         raise ConfigError(f"lora.enabled is Medusa-2 (head.type=medusa); found head.type={cfg.head.type!r}.")
     if cfg.lora.enabled and cfg.features.mode == "offline":
@@ -274,6 +285,12 @@ def validate(cfg: TrainConfig) -> None:
             f"lora.heads_warmup_steps={cfg.lora.heads_warmup_steps} is not below train.max_steps="
             f"{cfg.train.max_steps}: the adapters would never train. Lower it, or train Medusa-1 (lora.enabled=false)."
         )
+
+
+def _check_bounds(cfg: TrainConfig) -> None:
+    """Numbers whose meaning has a range: rates and counts are not negative, a fraction is below 1, a rank is at
+    least 1. The bounds follow what each field does: 0 is a valid value where it means "none" (``train.save_every=0``:
+    no checkpoints; ``train.lr=0``: the weights stay as loaded)."""
     for name in (
         "max_steps",
         "batch_size",
@@ -288,13 +305,6 @@ def validate(cfg: TrainConfig) -> None:
     for name in ("ttt_steps", "chain_depth"):
         if getattr(cfg.loss, name) < 1:
             raise ConfigError(f"loss.{name} must be >= 1, found {getattr(cfg.loss, name)}.")
-    _check_bounds(cfg)
-
-
-def _check_bounds(cfg: TrainConfig) -> None:
-    """Numbers whose meaning has a range: rates and counts are not negative, a fraction is below 1, a rank is at
-    least 1. The bounds follow what each field does: 0 is a valid value where it means "none" (``train.save_every=0``:
-    no checkpoints; ``train.lr=0``: the weights stay as loaded)."""
     at_least_zero = {
         "train.lr": cfg.train.lr,
         "train.warmup_steps": cfg.train.warmup_steps,

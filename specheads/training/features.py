@@ -204,20 +204,7 @@ def cache_features(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dtype_name = next((name for name, d in CACHE_DTYPES.items() if d == dtype), None)
-    if dtype_name is None:
-        raise ValueError(f"cache dtype {dtype} is not one of {list(CACHE_DTYPES)}.")
-    settings = {
-        "format_version": CACHE_FORMAT_VERSION,
-        "layer_ids": list(layer_ids),
-        "dtype": dtype_name,
-        "topk": topk,
-        "with_logits": with_logits and topk is None,
-        "shard_size": shard_size,
-        "num_samples": len(dataset),
-        "data_sha1": _dataset_digest(dataset),
-        "target": asdict(TargetRecord.from_model(target)),
-    }
+    settings = _cache_settings(target, dataset, layer_ids, dtype, topk, with_logits, shard_size)
     check_feature_request(target, list(layer_ids), settings["with_logits"] or topk is not None, topk)
     record = {"data": None if data is None else {**data, "paths": resolved_paths(data["paths"])}}
     meta_path = out_dir / "meta.json"
@@ -240,20 +227,36 @@ def cache_features(
             os.replace(tmp, path)
     num_tokens, num_bytes = _cache_size(out_dir, num_shards)
     bytes_per_token = num_bytes / max(num_tokens, 1)
-    _write_json(
-        meta_path,
-        {
-            **settings,
-            **record,
-            "complete": True,
-            "num_shards": num_shards,
-            "num_tokens": num_tokens,
-            "num_bytes": num_bytes,
-            "bytes_per_token": bytes_per_token,
-        },
-    )
+    sizes = {"num_shards": num_shards, "num_tokens": num_tokens, "num_bytes": num_bytes}
+    _write_json(meta_path, {**settings, **record, "complete": True, **sizes, "bytes_per_token": bytes_per_token})
     logger.info("cached %d tokens, %d shards: %.1f bytes/token (%s)", num_tokens, num_shards, bytes_per_token, out_dir)
     return bytes_per_token
+
+
+def _cache_settings(
+    target: PreTrainedModel,
+    dataset: Any,
+    layer_ids: list[int],
+    dtype: torch.dtype,
+    topk: int | None,
+    with_logits: bool,
+    shard_size: int,
+) -> dict[str, Any]:
+    """What a cache is pinned to (`meta.json`): a rerun with any of it changed is refused, not mixed in."""
+    dtype_name = next((name for name, d in CACHE_DTYPES.items() if d == dtype), None)
+    if dtype_name is None:
+        raise ValueError(f"cache dtype {dtype} is not one of {list(CACHE_DTYPES)}.")
+    return {
+        "format_version": CACHE_FORMAT_VERSION,
+        "layer_ids": list(layer_ids),
+        "dtype": dtype_name,
+        "topk": topk,
+        "with_logits": with_logits and topk is None,
+        "shard_size": shard_size,
+        "num_samples": len(dataset),
+        "data_sha1": _dataset_digest(dataset),
+        "target": asdict(TargetRecord.from_model(target)),
+    }
 
 
 def _check_same_settings(meta_path: Path, settings: dict[str, Any]) -> None:
