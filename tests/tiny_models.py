@@ -10,6 +10,30 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 SMOLLM2 = "smollm2-135m-instruct"
 
+TINY_FAMILY_CONFIG = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+"""The shared sizes of ``tiny_family`` models (hidden 64, 2 layers, vocabulary 128)."""
+
+
+def tiny_family(model_type: str, attn: str = "eager", **options: object):
+    """A tiny random, frozen, eval-mode model of any transformers family, with that family's own ``options``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, **{**TINY_FAMILY_CONFIG, **options})  # options override the sizes
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval().requires_grad_(False)
+
 
 def make_tiny_llama(
     seed: int = 0, vocab_size: int = 128, num_layers: int = 2, tie_word_embeddings: bool = False

@@ -100,6 +100,7 @@ class EagleDrafter(DraftHead):
         self.layer = layer_cls(layer_config, 0).to(dtype)
         self.rotary = rotary_cls(config=layer_config)
         self.rotary_args = _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
+        self.residual_multiplier = float(getattr(self.layer, RESIDUAL_MULTIPLIER, 1.0))  # Granite's; others' 1
         if config.version == 1:
             if config.draft_vocab_size is not None:
                 raise HeadConfigError(
@@ -221,12 +222,14 @@ class EagleDrafter(DraftHead):
         attn_out, _ = layer.self_attn(
             hidden_states=attn_in, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache
         )
+        scale = self.residual_multiplier  # Granite scales each branch before adding it to the residual; x * 1.0 == x
         if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma2/3: norms after attention and on both sides of the MLP
-            hidden = residual + layer.post_attention_layernorm(attn_out)
-            hidden = hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+            hidden = residual + layer.post_attention_layernorm(attn_out) * scale
+            mlp_out = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+            hidden = hidden + mlp_out * scale
         else:  # Llama-style pre-norm block: post_attention_layernorm is the MLP's input norm
-            hidden = residual + attn_out
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = residual + attn_out * scale
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden)) * scale
         return hidden, self.logits(hidden) if with_logits else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -256,6 +259,23 @@ EAGLE_LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm",
 SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 """Gemma2/3's layer also norms the MLP's input and output, and ``post_attention_layernorm`` norms attention's output
 (not the MLP's input): the drafter applies them as that layer's own forward does."""
+RESIDUAL_MULTIPLIER = "residual_multiplier"
+"""Granite's layer adds ``residual_multiplier * branch`` (about 0.22 in real checkpoints) for attention and the MLP:
+the drafter reads it once when it is built and scales both branches, as that layer's own forward does."""
+PARALLEL_RESIDUAL = "use_parallel_residual"
+"""StableLM's switch to a parallel block, x + attn(ln(x)) + mlp(ln(x)): the drafter wires only the sequential one."""
+LAYER_SETTINGS_KNOWN = (
+    "training",
+    "hidden_size",
+    "layer_idx",
+    "config",
+    "attention_type",
+    RESIDUAL_MULTIPLIER,
+    PARALLEL_RESIDUAL,
+)
+"""Plain (non-module) attributes a decoder layer may carry that the drafter accounts for: bookkeeping its forward
+does not compute with (the submodules read the config themselves), a setting the drafter applies, or one it checks.
+Any other setting (a scale, a switch to another block shape) is one the hand wiring would skip, so it is refused."""
 FULL_ATTENTION = "full_attention"
 """The ``layer_types`` entry (transformers' name) of the drafter's layer: no sliding window, and on Gemma3 the
 global rotary embedding."""
@@ -263,15 +283,11 @@ global rotary embedding."""
 
 def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, target_name: str) -> tuple[str, ...]:
     """The drafter wires the target's decoder layer by hand: a Llama-style pre-norm block, or Gemma2/3's with its
-    extra feed-forward norms. Other layers (more norms, post-norm blocks, rotary embeddings that need more than
-    a layer type) or, for EAGLE-3's widened attention, fused q/k/v projections (Phi-3) would be silently mis-wired
-    or crash mid-training: refuse them here. Returns the arguments the rotary embedding takes after (x, positions):
-    Gemma3's the layer type, others' none."""
-    problems = [f"no `{name}`" for name in EAGLE_LAYER_PARTS if not hasattr(layer, name)]
-    known = EAGLE_LAYER_PARTS + (SANDWICH_NORMS if all(hasattr(layer, n) for n in SANDWICH_NORMS) else ())
-    unused = sorted(name for name, child in layer.named_children() if name not in known and "norm" in name.lower())
-    if unused:
-        problems.append(f"norms the drafter's block would not apply ({', '.join(unused)})")
+    extra feed-forward norms. Other layers (more norms, post-norm blocks, parallel attention/MLP blocks, settings
+    the wiring would not apply, rotary embeddings that need more than a layer type) or, for EAGLE-3's widened
+    attention, fused q/k/v projections (Phi-3) would be silently mis-wired or crash mid-training: refuse them here.
+    Returns the arguments the rotary embedding takes after (x, positions): Gemma3's the layer type, others' none."""
+    problems = _layer_wiring_problems(layer)
     rotary_args = [
         p.name
         for p in list(inspect.signature(rotary.forward).parameters.values())[2:]
@@ -285,8 +301,34 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
     if problems:
         raise UnsupportedTargetError(
             f"EAGLE-{version} builds its drafter from {target_name}'s decoder layer ({type(layer).__name__}), which "
-            f"has {'; '.join(problems)}. Expected a Llama-style layer (Llama, Mistral, Qwen2/3, SmolLM, Gemma) or "
-            "Gemma2/3's. Medusa heads and draft models work with this target"
+            f"has {'; '.join(problems)}. Expected a Llama-style pre-norm layer (Llama, Mistral, Qwen2/3, Qwen3-MoE, "
+            "SmolLM/SmolLM3, Granite, GLM, sequential StableLM, Starcoder2, Olmo, Seed-OSS, Arcee, Gemma; EAGLE-1 "
+            "also Phi-3) or Gemma2/3's. Medusa heads and draft models work with this target"
             + ("; so does EAGLE-1." if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else ".")
         )
     return (FULL_ATTENTION,) if rotary_args else ()
+
+
+def _layer_wiring_problems(layer: nn.Module) -> list[str]:
+    """What in the layer's own forward the drafter's hand wiring would not reproduce. A part set to None counts as
+    missing (StableLM's parallel block has ``post_attention_layernorm = None``). Layer-level dropout (Phi-3,
+    StableLM) is allowed: it is the identity at inference, and EAGLE trains its layer without it."""
+    problems = [f"no `{name}`" for name in EAGLE_LAYER_PARTS if getattr(layer, name, None) is None]
+    if getattr(layer, PARALLEL_RESIDUAL, False):
+        problems.append("a parallel attention/MLP block (use_parallel_residual=True: x + attn(ln(x)) + mlp(ln(x)))")
+    known = EAGLE_LAYER_PARTS + (SANDWICH_NORMS if all(hasattr(layer, n) for n in SANDWICH_NORMS) else ())
+    children = dict(layer.named_children())
+    unused = sorted(name for name in children if name not in known and "norm" in name.lower())
+    if unused:
+        problems.append(f"norms the drafter's block would not apply ({', '.join(unused)})")
+    uncalled = sorted(
+        name
+        for name, child in children.items()
+        if name not in known and name not in unused and not isinstance(child, nn.Dropout)
+    )
+    if uncalled:
+        problems.append(f"submodules the drafter's block would not call ({', '.join(uncalled)})")
+    settings = sorted(name for name in vars(layer) if not name.startswith("_") and name not in LAYER_SETTINGS_KNOWN)
+    if settings:
+        problems.append(f"settings the drafter's block would not apply ({', '.join(settings)})")
+    return problems

@@ -15,6 +15,7 @@ from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
 from tests.decoding.planted import PlantedDrafter, greedy_continuation
+from tests.tiny_models import tiny_family
 
 PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
 
@@ -216,22 +217,7 @@ SLIDING_TARGETS = {  # window 16; every layer sliding (Mistral), or sliding and 
 
 
 def sliding_target(model_type: str):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        initializer_range=0.2,
-        **SLIDING_TARGETS[model_type],
-    )
-    target = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval().requires_grad_(False)
+    target = tiny_family(model_type, max_position_embeddings=512, **SLIDING_TARGETS[model_type])
     target.generation_config.eos_token_id = None
     return target
 

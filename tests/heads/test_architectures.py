@@ -1,33 +1,23 @@
 """Targets other than Llama: EAGLE drafters are built from the target's decoder layer where that layer is a
-Llama-style pre-norm block or Gemma2/3's (and compute exactly that layer's own forward), exports refuse layers the
-engines would run as Llama layers, and a target that refuses sdpa attention loads with eager (found by training heads
-for tiny Gemma, Gemma2, Gemma3 and Phi-3 targets)."""
+Llama-style pre-norm block or Gemma2/3's (and compute exactly that layer's own forward, checked on 17 families with
+the settings that would expose mis-wiring: Granite's residual multiplier, StableLM's q/k norms, SmolLM3's NoPE
+layers, Qwen3-MoE's sparse MLP), layers they would wire differently are refused (Olmo2, Cohere, StableLM's parallel
+block), exports refuse layers the engines would run as Llama layers, and a target that refuses sdpa attention loads
+with eager (found by training heads for tiny Gemma, Gemma2, Gemma3 and Phi-3 targets)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from specheads.decoding import SpeculativeGenerator, build_drafter
 from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, UnsupportedTargetError
 from specheads.heads.interop import ExportError, export_head
 from specheads.heads.masks import causal_additive_mask
 from tests.decoding.helpers import TinyTokenizer
+from tests.tiny_models import TINY_FAMILY_CONFIG, tiny_family
 
-COMMON = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    initializer_range=0.2,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=2,
-)
 ARCHITECTURES = {
     "gemma": dict(head_dim=16),
     "gemma2": dict(head_dim=16, final_logit_softcapping=3.0, attn_logit_softcapping=5.0, query_pre_attn_scalar=16),
@@ -35,15 +25,30 @@ ARCHITECTURES = {
     "phi3": {},
     "qwen3": dict(head_dim=16),
     "llama": {},
+    "mistral": dict(sliding_window=8),  # the decode runs past the window
+    "qwen2": {},  # q/k/v biases
+    "glm": dict(head_dim=16),  # partial, interleaved rotary; fused gate_up MLP
+    "stablelm": dict(qk_layernorm=True, use_qkv_bias=True),  # LayerNorm with bias, per-head q/k norms, partial rotary
+    "starcoder2": {},  # LayerNorm, biases everywhere, GELU MLP without a gate
+    # each branch scaled by 0.5 before the residual add; attention scaled by 0.1; embeddings and logits scaled
+    "granite": dict(residual_multiplier=0.5, attention_multiplier=0.1, embedding_multiplier=2.0, logits_scaling=2.0),
+    "olmo": dict(clip_qkv=1.0),  # non-parametric LayerNorm, clipped q/k/v
+    "smollm3": dict(no_rope_layers=[1, 0]),  # SmolLM3's pattern: some layers without rotary (NoPE)
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+    "seed_oss": dict(head_dim=16),  # q/k/v biases
+    "arcee": {},  # ReLU^2 MLP without a gate
     "olmo2": {},  # post-norm: norms after attention and after the MLP, none before
     "cohere": {},  # attention and MLP in parallel off one input norm
+    "stablelm_parallel": dict(model_type="stablelm", use_parallel_residual=True),  # x + attn(ln(x)) + mlp(ln(x))
 }
+"""Tiny-model options per test target: a ``model_type`` (the key unless given) and the settings to exercise."""
+LLAMA_STYLE = "mistral qwen2 glm stablelm starcoder2 granite olmo smollm3 qwen3_moe seed_oss arcee".split()
+"""Families whose decoder layer the drafter wires as a Llama-style pre-norm block (beyond Llama, Qwen3 and Phi-3)."""
 
 
-def tiny(model_type: str, attn: str = "eager"):
-    config = AutoConfig.for_model(model_type, **COMMON, **ARCHITECTURES[model_type])
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval().requires_grad_(False)
+def tiny(name: str, attn: str = "eager"):
+    options = dict(ARCHITECTURES[name])
+    return tiny_family(options.pop("model_type", name), attn, **options)
 
 
 @pytest.mark.parametrize(
@@ -52,6 +57,8 @@ def tiny(model_type: str, attn: str = "eager"):
         ("olmo2", 1, "no `input_layernorm`; norms the drafter's block would not apply \\(post_feedforward_layernorm"),
         ("cohere", 3, "no `post_attention_layernorm`"),
         ("phi3", 3, "fused attention projections"),
+        ("stablelm_parallel", 1, "no `post_attention_layernorm`; a parallel attention/MLP block"),
+        ("stablelm_parallel", 3, "no `post_attention_layernorm`; a parallel attention/MLP block"),
         ("gemma", 1, None),
         ("gemma", 3, None),
         ("gemma2", 1, None),
@@ -64,7 +71,8 @@ def tiny(model_type: str, attn: str = "eager"):
 )
 def test_eagle_drafters_are_built_only_from_layers_they_wire_right(model_type, version, refusal):
     """Gemma2's extra feed-forward norms were once left at zero (never applied), Gemma3's rotary and Phi-3's fused
-    qkv crashed at the first training step. Layers the drafter cannot wire are refused when it is built."""
+    qkv crashed at the first training step, StableLM's parallel block at the first call. Layers the drafter cannot
+    wire are refused when it is built."""
     target = tiny(model_type)
     if refusal is None:
         EagleDrafter(EagleConfig(version=version), target)
@@ -88,12 +96,30 @@ def test_a_rotary_embedding_that_needs_more_than_a_layer_type_is_refused():
         EagleDrafter(EagleConfig(version=1), target)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3"])
+def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
+    """Granite's layer scales each branch by ``residual_multiplier``, which the hand wiring once skipped (its block
+    was off by up to 3.4 on a tiny model). Any plain setting on a layer that the wiring does not know is refused: a
+    Llama layer with a made-up branch scale stands in for the next such family."""
+    target = tiny("llama")
+    layer_cls = type(target.model.layers[0])
+
+    class Scaled(layer_cls):
+        def __init__(self, config, layer_idx):
+            super().__init__(config, layer_idx)
+            self.branch_scale = 0.5
+
+    target.model.layers = torch.nn.ModuleList([Scaled(target.config, i) for i in range(2)])
+    with pytest.raises(UnsupportedTargetError, match="settings the drafter's block would not apply \\(branch_scale\\)"):
+        EagleDrafter(EagleConfig(version=1), target)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3", *LLAMA_STYLE])
 def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_type):
     """EAGLE-1's block is the target's decoder layer applied to fc(embedding, feature). The drafter wires the
     layer's submodules itself (EAGLE-3 widens attention's input), so with every weight random (Gemma's norms start
     at zero) its output must equal the layer class's own forward on the same input: Gemma2/3's norms after
-    attention and around the MLP, Qwen3's q/k norms and Gemma3's per-type rotary all included."""
+    attention and around the MLP, Granite's residual multiplier, Qwen3's and StableLM's q/k norms, Qwen3-MoE's
+    routed experts and Gemma3's per-type rotary all included."""
     drafter = EagleDrafter(EagleConfig(version=1), tiny(model_type)).eval()
     torch.manual_seed(1)
     with torch.no_grad():
@@ -111,11 +137,12 @@ def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_typ
     assert hidden.abs().mean() > 0.1  # not a degenerate all-zero comparison
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", *LLAMA_STYLE])
 @pytest.mark.parametrize("version", [1, 3])
-def test_eagle_on_gemma2_and_gemma3_decodes_exactly_the_targets_greedy_tokens(model_type, version):
+def test_eagle_decodes_exactly_the_targets_greedy_tokens(model_type, version):
     """An EAGLE drafter on a Gemma2/3 target (soft-capped logits, sliding-window layers, Gemma3's two rotary
-    embeddings) decodes the target's own greedy tokens, through a chain and an EAGLE-2 dynamic tree."""
+    embeddings) or a Llama-style one (Mistral past its window, Granite's scaled logits, Qwen3-MoE's experts, ...)
+    decodes the target's own greedy tokens, through a chain and an EAGLE-2 dynamic tree."""
     target = tiny(model_type)
     head = EagleDrafter(EagleConfig(version=version), target).eval()
     prompt = torch.tensor([[1, 5, 9, 33, 7, 5, 9, 33, 12, 40]])
@@ -170,7 +197,7 @@ def test_a_multimodal_gemma3_decodes_text_past_its_window_with_every_head():
     target's own greedy output."""
     from transformers import Gemma3Config
 
-    text = dict(COMMON, head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    text = dict(TINY_FAMILY_CONFIG, head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28)
     config = Gemma3Config(
         text_config=text, vision_config={**vision, "patch_size": 14}, mm_tokens_per_image=4, image_token_index=127
