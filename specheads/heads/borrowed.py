@@ -4,14 +4,89 @@ EAGLE drafters reuse the target's token embedding and (EAGLE-1) its lm_head; Med
 They are kept in a plain frozen dataclass, not registered as submodules, so they never appear in the head's
 ``parameters()`` or ``state_dict()``: they are never saved with the head, never trained, and never wrapped or
 sharded by DDP, FSDP or DeepSpeed when only the head is handed to Accelerate.
+
+Some families finish their logits after the lm_head, in the causal-LM forward rather than in a module a head could
+borrow: Gemma2/3 soft-cap them, Granite divides them by ``logits_scaling``, Cohere multiplies them by
+``logit_scale``. A head's logits get the same finish (``LogitTransform``), so that they are on the target's scale:
+its distillation targets, its sampled drafts q and its typical-acceptance entropy are then what the target's would
+be, and a head's copied lm_head starts out computing the target's own distribution.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
+
+from specheads.heads.config import is_partitioned
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a causal-LM forward does to ``lm_head(hidden)``: multiply by ``scale``, then soft-cap at ``softcap``
+    (``softcap * tanh(logits / softcap)``; None = no cap). The identity for Llama-style families."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.scale != 1.0:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def _softcapped(config: PretrainedConfig) -> LogitTransform:
+    return LogitTransform(softcap=config.final_logit_softcapping)
+
+
+def _divided_by_logits_scaling(config: PretrainedConfig) -> LogitTransform:
+    return LogitTransform(scale=1.0 / config.logits_scaling)
+
+
+def _times_logit_scale(config: PretrainedConfig) -> LogitTransform:
+    return LogitTransform(scale=config.logit_scale)
+
+
+def _times_logits_scaling(config: PretrainedConfig) -> LogitTransform:
+    return LogitTransform(scale=config.logits_scaling)
+
+
+LOGIT_TRANSFORMS: dict[str, Callable[[PretrainedConfig], LogitTransform]] = {
+    "gemma2": _softcapped,
+    "gemma3_text": _softcapped,  # Gemma3ForCausalLM, and the text model of Gemma3ForConditionalGeneration
+    "gemma4_text": _softcapped,
+    "vaultgemma": _softcapped,
+    "nanochat": _softcapped,
+    "granite": _divided_by_logits_scaling,
+    "granite_swa": _divided_by_logits_scaling,
+    "granitemoe": _divided_by_logits_scaling,
+    "granitemoe_swa": _divided_by_logits_scaling,
+    "granitemoeshared": _divided_by_logits_scaling,
+    "cohere": _times_logit_scale,
+    "cohere2": _times_logit_scale,
+    "cohere2_moe": _times_logit_scale,
+    "hyperclovax": _times_logits_scaling,
+}
+"""Text-config ``model_type`` -> the finish its causal-LM forward gives ``lm_head``'s output (transformers 5.24's
+``modeling_<family>.py``). A literal list: a field of the same name can mean the opposite in another family
+(HyperCLOVA X multiplies by ``logits_scaling`` where Granite divides), so nothing is inferred from config fields.
+Families not listed finish with the identity; ``tests/heads/test_logit_transform.py`` checks every entry against the
+family's own forward."""
+
+
+def logit_transform(model: PreTrainedModel) -> LogitTransform:
+    """The finish ``model``'s causal-LM forward gives its lm_head's output (``LOGIT_TRANSFORMS``)."""
+    config = model.config.get_text_config()
+    rule = LOGIT_TRANSFORMS.get(config.model_type)
+    return LogitTransform() if rule is None else rule(config)
 
 
 class UnsupportedTargetError(ValueError):
@@ -22,6 +97,15 @@ class UnsupportedTargetError(ValueError):
 class BorrowedModules:
     embed_tokens: nn.Embedding
     lm_head: nn.Linear
+    finish: LogitTransform = LogitTransform()
+    """The target's logit finish, applied by ``logits`` to the borrowed lm_head's output and to a head's own."""
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Linear | None = None) -> torch.Tensor:
+        """Vocabulary logits on the target's scale: ``lm_head`` (default: the borrowed one) then the target's
+        finish. (..., H) -> (..., V). The input is cast to the projection's dtype: a borrowed lm_head keeps the
+        target's while training runs a head in fp32 (or DeepSpeed in bf16)."""
+        lm_head = self.lm_head if lm_head is None else lm_head
+        return self.finish(lm_head(hidden.to(lm_head.weight.dtype)))
 
 
 def borrow(target: PreTrainedModel) -> BorrowedModules:
@@ -32,7 +116,7 @@ def borrow(target: PreTrainedModel) -> BorrowedModules:
             f"{type(target).__name__} does not expose input embeddings and an lm_head "
             "(get_input_embeddings/get_output_embeddings returned None); draft heads need both."
         )
-    return BorrowedModules(embed_tokens=embed, lm_head=lm_head)
+    return BorrowedModules(embed_tokens=embed, lm_head=lm_head, finish=logit_transform(target))
 
 
 def decoder_layer_parts(target: PreTrainedModel) -> tuple[type[nn.Module], type[nn.Module]]:
@@ -46,3 +130,42 @@ def decoder_layer_parts(target: PreTrainedModel) -> tuple[type[nn.Module], type[
             "Llama, Qwen2/3, Mistral, SmolLM); found neither. EAGLE drafters build their layer from these classes."
         )
     return type(layers[0]), type(rotary)
+
+
+LOGIT_FINISH_TOLERANCE = 1e-3
+"""Largest gap, relative to the logits' size, between the target's logits and ``BorrowedModules.logits`` of its last
+hidden state that counts as the same finish: the same matmul in the same dtype, so rounding only."""
+
+
+def logit_finish_gap(target: PreTrainedModel, length: int = 4) -> float | None:
+    """How far ``borrow(target).logits(last hidden state)`` is from the target's own logits on a short input, relative
+    to their size: ~0 when ``LOGIT_TRANSFORMS`` knows the family's finish (or it has none). A larger gap means the
+    causal-LM forward changes the logits (or the last hidden state) in a way heads do not repeat, so their logits are
+    off the target's scale. None when the target cannot run here: weights on the meta device or split by ZeRO-3 or
+    FSDP (the check is made before they are)."""
+    if any(p.device.type == "meta" or is_partitioned(p) for p in target.parameters()):
+        return None
+    vocab = target.config.get_text_config().vocab_size
+    device = next(target.parameters()).device
+    input_ids = (torch.arange(length, device=device)[None] * 7919 + 11) % vocab  # (1, T): a few ordinary ids
+    with torch.no_grad():
+        out = target(input_ids=input_ids, output_hidden_states=True, use_cache=False)
+        ours = borrow(target).logits(out.hidden_states[-1]).float()  # (1, T, V)
+        theirs = out.logits.float()
+    return float((ours - theirs).abs().max() / theirs.abs().max().clamp(min=1.0))
+
+
+def warn_on_unknown_logit_finish(target: PreTrainedModel) -> None:
+    """Heads learn against the target's distribution through its lm_head: a family whose causal-LM forward changes
+    the logits in a way not in ``LOGIT_TRANSFORMS`` trains heads whose logits are off its scale. They still decode
+    losslessly (the target verifies every token), but sampled drafts and soft labels are miscalibrated."""
+    gap = logit_finish_gap(target)
+    if gap is not None and gap > LOGIT_FINISH_TOLERANCE:
+        logger.warning(
+            "%s's logits are not its lm_head applied to its last hidden state (relative gap %.3g): its causal-LM "
+            "forward finishes them in a way specheads.heads.borrowed.LOGIT_TRANSFORMS does not list, so the heads' "
+            "logits will be off the target's scale (decoding stays lossless; acceptance under sampling suffers). "
+            "Add the family's finish to LOGIT_TRANSFORMS.",
+            type(target).__name__,
+            gap,
+        )

@@ -104,7 +104,7 @@ def weight_probe(model: torch.nn.Module) -> list[float]:
         for name, param in model.named_parameters()
         if "lora_" not in name and param.is_floating_point() and param.numel() >= PROBE_ENTRIES
     ]
-    if len(params) < PROBE_TENSORS or any(p.device.type == "meta" or _partitioned(p) for p in params):
+    if len(params) < PROBE_TENSORS or any(p.device.type == "meta" or is_partitioned(p) for p in params):
         return []
     picks = [params[i * (len(params) - 1) // (PROBE_TENSORS - 1)] for i in range(PROBE_TENSORS)]
     values = []
@@ -117,7 +117,7 @@ def weight_probe(model: torch.nn.Module) -> list[float]:
     return values
 
 
-def _partitioned(param: torch.Tensor) -> bool:
+def is_partitioned(param: torch.Tensor) -> bool:
     """Split across processes: by DeepSpeed ZeRO-3 (``ds_numel``) or by FSDP2 (a ``DTensor``)."""
     if hasattr(param, "ds_numel"):
         return True

@@ -234,9 +234,9 @@ class EagleDrafter(DraftHead):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits of drafter features (B, T, H) -> (B, T, Vd)."""
-        if self.version == 1:  # the borrowed lm_head keeps the target's dtype; training runs the head in fp32
-            return self.borrowed.lm_head(hidden.to(self.borrowed.lm_head.weight.dtype))
-        return self.lm_head(self.norm(hidden))
+        if self.version == 1:  # the target's lm_head, and its family's finish (Gemma2's soft cap, Granite's scale)
+            return self.borrowed.logits(hidden)
+        return self.borrowed.finish(self.lm_head(self.norm(hidden)))
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.version == 1 else self.d2t[draft_ids]

@@ -33,7 +33,6 @@ from typing import Any
 import safetensors
 import safetensors.torch
 import torch
-from torch import nn
 from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead, make_readable
@@ -41,6 +40,12 @@ from specheads.heads.card import base_model_id
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleConfig, EagleDrafter, default_eagle3_layer_ids
+from specheads.heads.export_checks import (
+    ExportError,
+    check_llama_layer,
+    check_no_logit_finish,
+    check_reads_last_hidden_state,
+)
 from specheads.heads.medusa import MedusaHeads
 
 ENGINES = ("vllm", "sglang")
@@ -65,10 +70,6 @@ _LLAMA_LAYER_TENSORS = frozenset(
         "hidden_norm",
     )
 )
-
-
-class ExportError(ValueError):
-    """A head cannot be written in (or read from) a serving engine's format."""
 
 
 def export_head(
@@ -100,6 +101,7 @@ def export_head(
         return _export_draft_model(head, out, dtype, tokenizer)
     else:
         raise ExportError(f"no serving format for {type(head).__name__}")
+    check_no_logit_finish(head, target)
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
     config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
     config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for
@@ -127,7 +129,7 @@ def _eagle3_checkpoint(
             tensors[EAGLE3_LAYER_PREFIX + name] = tensor
         elif name in ("fc.weight", "norm.weight", "lm_head.weight"):
             tensors[name] = tensor
-    _check_llama_layer(head, tensors, EAGLE3_LAYER_PREFIX, _LLAMA_LAYER_TENSORS)
+    check_llama_layer(head, tensors, EAGLE3_LAYER_PREFIX, _LLAMA_LAYER_TENSORS)
     draft_vocab = head.draft_vocab_size
     tensors["d2t"] = head.d2t - torch.arange(draft_vocab, device=head.d2t.device)  # offsets, as the engines read them
     tensors["t2d"] = head.t2d >= 0
@@ -143,7 +145,7 @@ def _eagle1_checkpoint(
             "EAGLE-1 drafter, like the reference, does not, so no weight mapping reproduces it. Train with "
             "head.options.input_norm=false (and fc_bias=false for vLLM) to export EAGLE-1, or use an EAGLE-3 head."
         )
-    _check_reads_last_hidden_state(head)
+    check_reads_last_hidden_state(head)
     if engine == "vllm" and head.config.fc_bias:
         raise ExportError(
             "vLLM's EAGLE-1 drafter has no bias on fc and would drop this head's; train with "
@@ -157,7 +159,7 @@ def _eagle1_checkpoint(
         for name in _LLAMA_LAYER_TENSORS
         if not name.endswith(("hidden_norm.weight", "input_layernorm.weight"))
     }
-    _check_llama_layer(head, tensors, "layers.0.", expected)
+    check_llama_layer(head, tensors, "layers.0.", expected)
     tensors["fc.weight"] = head.fc.weight
     if head.fc.bias is not None:
         tensors["fc.bias"] = head.fc.bias
@@ -166,36 +168,6 @@ def _eagle1_checkpoint(
     config = _llama_draft_config(head, target, ["LlamaForCausalLM"])
     config["specheads"] = {"head_type": "eagle", "version": 1, "layer_ids": list(head.layer_ids)}
     return config, tensors
-
-
-def _check_llama_layer(head: EagleDrafter, tensors: dict[str, Any], prefix: str, expected: frozenset | set) -> None:
-    """The engines' drafters are Llama layers: a target layer with other tensors (biases, q/k norms) cannot map."""
-    found = {name for name in tensors if name.startswith(prefix)}
-    if found != expected:
-        raise ExportError(
-            f"the drafter's decoder layer ({type(head.layer).__name__}) is not a plain Llama layer, which is what the "
-            f"engines' EAGLE drafters are: extra tensors {sorted(found - expected)}, missing {sorted(expected - found)}"
-        )
-    # Same tensor names do not make the same layer: Gemma's norms scale by (1 + w), and its MLP uses GELU; an engine
-    # running the weights as a Llama layer would compute something else, silently.
-    norm = head.layer.post_attention_layernorm  # the input norm may be an Identity (EAGLE-1, input_norm=false)
-    if hasattr(norm, "weight"):
-        probe = copy.deepcopy(norm).float()
-        with torch.no_grad():
-            probe.weight.fill_(2.0)
-            scaled = probe(torch.ones(1, probe.weight.shape[0])).mean().item()  # x * w on a unit-RMS input: 2
-        if abs(scaled - 2.0) > 1e-3:
-            raise ExportError(
-                f"the drafter's norms ({type(norm).__name__}) do not compute x * w as a Llama RMSNorm does (a weight "
-                f"of 2 gives {scaled:.3f}); the engines would run this layer as a Llama layer and compute another thing"
-            )
-    act = getattr(head.layer.mlp, "act_fn", None)
-    probe = torch.tensor([-2.0, 0.5, 3.0])
-    if act is not None and not torch.allclose(act(probe), nn.functional.silu(probe), atol=1e-4):
-        raise ExportError(
-            f"the drafter's MLP activation ({type(act).__name__}) is not SiLU, which the engines' Llama drafter layer "
-            "uses: it would compute something else"
-        )
 
 
 def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> dict[str, Any]:
@@ -250,18 +222,8 @@ def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectur
     return config
 
 
-def _check_reads_last_hidden_state(head: DraftHead) -> None:
-    """vLLM and SGLang feed Medusa and EAGLE-1 drafters the target's final (post-norm) hidden state only."""
-    last = head.config.target.num_hidden_layers
-    if list(head.config.layer_ids) != [last]:
-        raise ExportError(
-            f"the engines feed this drafter the target's last hidden state (layer_ids [{last}]); this head reads "
-            f"{list(head.config.layer_ids)}"
-        )
-
-
 def _medusa_checkpoint(head: MedusaHeads) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    _check_reads_last_hidden_state(head)
+    check_reads_last_hidden_state(head)
     record = head.config.target
     tensors = {}
     for k, blocks in enumerate(head.blocks):

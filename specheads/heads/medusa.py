@@ -105,9 +105,7 @@ class MedusaHeads(DraftHead):
 
     def project(self, k: int, head_hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits of head k+1 (0-based index k) from its features: (..., H) -> (..., V)."""
-        lm_head = self.borrowed.lm_head if self.lm_heads is None else self.lm_heads[k]
-        # The borrowed lm_head keeps the target's dtype while training runs the head in fp32 (or DeepSpeed in bf16)
-        return lm_head(head_hidden.to(lm_head.weight.dtype))
+        return self.borrowed.logits(head_hidden, None if self.lm_heads is None else self.lm_heads[k])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, H) target hidden states -> (K, B, T, V) logits; ``logits[k-1]`` is head k (predicts t+k+1)."""

@@ -32,6 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
+from specheads.heads.borrowed import warn_on_unknown_logit_finish
 from specheads.target import load_target
 from specheads.training.accumulation import accumulation_rounds, micro_batches, token_weights
 from specheads.training.checkpoint import (
@@ -93,6 +94,7 @@ def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) ->
 
     With ``head.init_from`` the saved head is loaded instead (its config and, for EAGLE-3, its draft vocabulary).
     """
+    warn_on_unknown_logit_finish(target)
     if cfg.head.init_from:
         return _warm_start(cfg, target)
     return _fresh_head(cfg, target, train_dataset).float()

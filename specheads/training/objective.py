@@ -21,6 +21,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel
 
 from specheads.heads import DraftModel, EagleDrafter, MedusaHeads, padding_causal_mask
+from specheads.heads.borrowed import logit_transform
 from specheads.training.config import ConfigError, LoraSection, LossSection
 from specheads.training.losses import (
     Stats,
@@ -206,8 +207,9 @@ class DraftModelObjective(nn.Module):
         model = self.head.model
         hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)[0]  # (B, T, H)
         valid = batch["loss_mask"][:, 1:].bool() & attention_mask[:, 1:].bool()  # position s predicts token s+1
-        # Only the trained rows go through the (full-vocabulary) lm_head.
-        logits = model.get_output_embeddings()(hidden[:, :-1][valid])  # (N, V)
+        # Only the trained rows go through the (full-vocabulary) lm_head, then the family's finish (Gemma2's soft cap,
+        # Granite's scaling), as the small model's own forward gives them when it drafts.
+        logits = logit_transform(model)(model.get_output_embeddings()(hidden[:, :-1][valid]))  # (N, V)
         target = None
         if self.soft_labels:
             full = target_distribution(features).narrow(0, input_ids.shape[1] - 1)

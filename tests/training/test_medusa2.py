@@ -31,15 +31,21 @@ def test_medusa2_trains_only_the_adapters_in_train_mode(tiny_target_dir, small_c
     target, tokenizer = load_target(tiny_target_dir)
     assert not target.training
     seen = []  # (base model in train mode, a LoRA module in train mode) at every forward: teacher, student, eval
+    unadapted = []  # forwards before the adapters are attached: the logit-finish check on the plain target
 
     def record(model, args):
-        seen.append((model.training, model.layers[0].self_attn.q_proj.lora_A["default"].training))
+        lora = getattr(model.layers[0].self_attn.q_proj, "lora_A", None)
+        if lora is None:
+            unadapted.append(model.training)
+            return
+        seen.append((model.training, lora["default"].training))
 
     target.model.register_forward_pre_hook(record)
     overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path, max_steps=2, batch_size=2, eval_every=1)
     overrides += ["data.max_samples=16", "lora.r=4", "lora.heads_warmup_steps=1"]
     train(load_config(MEDUSA2, overrides), target, tokenizer)
     assert seen and not any(base for base, _ in seen), seen
+    assert unadapted == [False]  # one check, in eval mode, before training
     assert {lora for _, lora in seen} == {True, False}  # the adapters train, and are evaluated in eval mode
     assert not any(module.training for module in target.modules())
 
