@@ -35,6 +35,40 @@ def tiny_family(model_type: str, attn: str = "eager", **options: object):
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval().requires_grad_(False)
 
 
+ARCHITECTURES = {
+    "gemma": dict(head_dim=16),
+    "gemma2": dict(head_dim=16, final_logit_softcapping=3.0, attn_logit_softcapping=5.0, query_pre_attn_scalar=16),
+    "gemma3_text": dict(head_dim=16, final_logit_softcapping=3.0, query_pre_attn_scalar=16),
+    "phi3": {},
+    "qwen3": dict(head_dim=16),
+    "llama": {},
+    "mistral": dict(sliding_window=8),  # the decode runs past the window
+    "qwen2": {},  # q/k/v biases
+    "glm": dict(head_dim=16),  # partial, interleaved rotary; fused gate_up MLP
+    "stablelm": dict(qk_layernorm=True, use_qkv_bias=True),  # LayerNorm with bias, per-head q/k norms, partial rotary
+    "starcoder2": {},  # LayerNorm, biases everywhere, GELU MLP without a gate
+    # each branch scaled by 0.5 before the residual add; attention scaled by 0.1; embeddings and logits scaled
+    "granite": dict(residual_multiplier=0.5, attention_multiplier=0.1, embedding_multiplier=2.0, logits_scaling=2.0),
+    "olmo": dict(clip_qkv=1.0),  # non-parametric LayerNorm, clipped q/k/v
+    "smollm3": dict(no_rope_layers=[1, 0]),  # SmolLM3's pattern: some layers without rotary (NoPE)
+    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+    "seed_oss": dict(head_dim=16),  # q/k/v biases
+    "arcee": {},  # ReLU^2 MLP without a gate
+    "olmo2": {},  # post-norm: norms after attention and after the MLP, none before
+    "cohere": {},  # attention and MLP in parallel off one input norm
+    "stablelm_parallel": dict(model_type="stablelm", use_parallel_residual=True),  # x + attn(ln(x)) + mlp(ln(x))
+    # Granite with every multiplier at Llama's value (attention 1/sqrt(head_dim)): a Llama layer in all but name
+    "granite_llama_numbers": dict(model_type="granite", attention_multiplier=0.25, embedding_multiplier=2.0),
+}
+"""``tiny_named`` options per test target: a ``model_type`` (the key unless given) and the settings to exercise."""
+
+
+def tiny_named(name: str, attn: str = "eager"):
+    """The tiny model of an ``ARCHITECTURES`` entry."""
+    options = dict(ARCHITECTURES[name])
+    return tiny_family(options.pop("model_type", name), attn, **options)
+
+
 def make_tiny_llama(
     seed: int = 0, vocab_size: int = 128, num_layers: int = 2, tie_word_embeddings: bool = False
 ) -> LlamaForCausalLM:

@@ -16,39 +16,11 @@ from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from specheads.heads.interop import ExportError, export_head
 from specheads.heads.masks import causal_additive_mask
 from tests.decoding.helpers import TinyTokenizer
-from tests.tiny_models import TINY_FAMILY_CONFIG, tiny_family
+from tests.tiny_models import TINY_FAMILY_CONFIG
+from tests.tiny_models import tiny_named as tiny
 
-ARCHITECTURES = {
-    "gemma": dict(head_dim=16),
-    "gemma2": dict(head_dim=16, final_logit_softcapping=3.0, attn_logit_softcapping=5.0, query_pre_attn_scalar=16),
-    "gemma3_text": dict(head_dim=16, final_logit_softcapping=3.0, query_pre_attn_scalar=16),
-    "phi3": {},
-    "qwen3": dict(head_dim=16),
-    "llama": {},
-    "mistral": dict(sliding_window=8),  # the decode runs past the window
-    "qwen2": {},  # q/k/v biases
-    "glm": dict(head_dim=16),  # partial, interleaved rotary; fused gate_up MLP
-    "stablelm": dict(qk_layernorm=True, use_qkv_bias=True),  # LayerNorm with bias, per-head q/k norms, partial rotary
-    "starcoder2": {},  # LayerNorm, biases everywhere, GELU MLP without a gate
-    # each branch scaled by 0.5 before the residual add; attention scaled by 0.1; embeddings and logits scaled
-    "granite": dict(residual_multiplier=0.5, attention_multiplier=0.1, embedding_multiplier=2.0, logits_scaling=2.0),
-    "olmo": dict(clip_qkv=1.0),  # non-parametric LayerNorm, clipped q/k/v
-    "smollm3": dict(no_rope_layers=[1, 0]),  # SmolLM3's pattern: some layers without rotary (NoPE)
-    "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
-    "seed_oss": dict(head_dim=16),  # q/k/v biases
-    "arcee": {},  # ReLU^2 MLP without a gate
-    "olmo2": {},  # post-norm: norms after attention and after the MLP, none before
-    "cohere": {},  # attention and MLP in parallel off one input norm
-    "stablelm_parallel": dict(model_type="stablelm", use_parallel_residual=True),  # x + attn(ln(x)) + mlp(ln(x))
-}
-"""Tiny-model options per test target: a ``model_type`` (the key unless given) and the settings to exercise."""
 LLAMA_STYLE = "mistral qwen2 glm stablelm starcoder2 granite olmo smollm3 qwen3_moe seed_oss arcee".split()
 """Families whose decoder layer the drafter wires as a Llama-style pre-norm block (beyond Llama, Qwen3 and Phi-3)."""
-
-
-def tiny(name: str, attn: str = "eager"):
-    options = dict(ARCHITECTURES[name])
-    return tiny_family(options.pop("model_type", name), attn, **options)
 
 
 @pytest.mark.parametrize(
