@@ -264,18 +264,12 @@ RESIDUAL_MULTIPLIER = "residual_multiplier"
 the drafter reads it once when it is built and scales both branches, as that layer's own forward does."""
 PARALLEL_RESIDUAL = "use_parallel_residual"
 """StableLM's switch to a parallel block, x + attn(ln(x)) + mlp(ln(x)): the drafter wires only the sequential one."""
-LAYER_SETTINGS_KNOWN = (
-    "training",
-    "hidden_size",
-    "layer_idx",
-    "config",
-    "attention_type",
-    RESIDUAL_MULTIPLIER,
-    PARALLEL_RESIDUAL,
-)
-"""Plain (non-module) attributes a decoder layer may carry that the drafter accounts for: bookkeeping its forward
-does not compute with (the submodules read the config themselves), a setting the drafter applies, or one it checks.
-Any other setting (a scale, a switch to another block shape) is one the hand wiring would skip, so it is refused."""
+LAYER_SCALES_KNOWN = (RESIDUAL_MULTIPLIER,)
+"""Float attributes of a decoder layer that the drafter applies. Any other float on a layer is a scale its forward
+computes with (as Granite's ``residual_multiplier`` was before it was listed) that the hand wiring would skip, so it
+is refused. Other plain attributes (ints, strings, flags such as ``training``) are bookkeeping or switches the
+submodules read from the config themselves, or are checked by name (``use_parallel_residual``); refusing them too
+would refuse every family on a transformers release that adds such an attribute."""
 FULL_ATTENTION = "full_attention"
 """The ``layer_types`` entry (transformers' name) of the drafter's layer: no sliding window, and on Gemma3 the
 global rotary embedding."""
@@ -328,7 +322,11 @@ def _layer_wiring_problems(layer: nn.Module) -> list[str]:
     )
     if uncalled:
         problems.append(f"submodules the drafter's block would not call ({', '.join(uncalled)})")
-    settings = sorted(name for name in vars(layer) if not name.startswith("_") and name not in LAYER_SETTINGS_KNOWN)
+    settings = sorted(
+        name
+        for name, value in vars(layer).items()
+        if isinstance(value, float) and not name.startswith("_") and name not in LAYER_SCALES_KNOWN
+    )
     if settings:
-        problems.append(f"settings the drafter's block would not apply ({', '.join(settings)})")
+        problems.append(f"scales the drafter's block would not apply ({', '.join(settings)})")
     return problems

@@ -70,8 +70,8 @@ def test_a_rotary_embedding_that_needs_more_than_a_layer_type_is_refused():
 
 def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
     """Granite's layer scales each branch by ``residual_multiplier``, which the hand wiring once skipped (its block
-    was off by up to 3.4 on a tiny model). Any plain setting on a layer that the wiring does not know is refused: a
-    Llama layer with a made-up branch scale stands in for the next such family."""
+    was off by up to 3.4 on a tiny model). Any float on a layer that the wiring does not know is refused: a Llama
+    layer with a made-up branch scale stands in for the next such family."""
     target = tiny("llama")
     layer_cls = type(target.model.layers[0])
 
@@ -80,9 +80,16 @@ def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
             super().__init__(config, layer_idx)
             self.branch_scale = 0.5
 
+    class Bookkept(layer_cls):  # flags and names a later transformers may add: not scales, so not refused
+        def __init__(self, config, layer_idx):
+            super().__init__(config, layer_idx)
+            self.gradient_checkpointing, self.attention_kind = False, "full"
+
     target.model.layers = torch.nn.ModuleList([Scaled(target.config, i) for i in range(2)])
-    with pytest.raises(UnsupportedTargetError, match="settings the drafter's block would not apply \\(branch_scale\\)"):
+    with pytest.raises(UnsupportedTargetError, match="scales the drafter's block would not apply \\(branch_scale\\)"):
         EagleDrafter(EagleConfig(version=1), target)
+    target.model.layers = torch.nn.ModuleList([Bookkept(target.config, i) for i in range(2)])
+    EagleDrafter(EagleConfig(version=1), target)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3", *LLAMA_STYLE])
