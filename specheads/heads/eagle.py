@@ -222,14 +222,14 @@ class EagleDrafter(DraftHead):
         attn_out, _ = layer.self_attn(
             hidden_states=attn_in, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache
         )
-        scale = self.residual_multiplier  # Granite scales each branch before adding it to the residual; x * 1.0 == x
+        scale = self.residual_multiplier  # Granite scales each branch before adding it to the residual
         if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma2/3: norms after attention and on both sides of the MLP
-            hidden = residual + layer.post_attention_layernorm(attn_out) * scale
+            hidden = residual + _scaled(layer.post_attention_layernorm(attn_out), scale)
             mlp_out = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
-            hidden = hidden + mlp_out * scale
+            hidden = hidden + _scaled(mlp_out, scale)
         else:  # Llama-style pre-norm block: post_attention_layernorm is the MLP's input norm
-            hidden = residual + attn_out * scale
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden)) * scale
+            hidden = residual + _scaled(attn_out, scale)
+            hidden = hidden + _scaled(layer.mlp(layer.post_attention_layernorm(hidden)), scale)
         return hidden, self.logits(hidden) if with_logits else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -252,6 +252,11 @@ class EagleDrafter(DraftHead):
         if config.version == 3 and config.draft_vocab_size not in (None, config.target.vocab_size):
             d2t = torch.arange(config.draft_vocab_size)
         return cls(config, target, d2t=d2t)
+
+
+def _scaled(branch: torch.Tensor, scale: float) -> torch.Tensor:
+    """A residual branch times the layer's multiplier; no extra kernel in the drafter's step when it is 1."""
+    return branch if scale == 1.0 else branch * scale
 
 
 EAGLE_LAYER_PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")

@@ -82,7 +82,7 @@ def _check_llama_scales(head: EagleDrafter) -> None:
             "the drafter's attention has no rotary embedding (SmolLM3's NoPE layer pattern starts with one); the "
             "engines' Llama drafter layer applies it"
         )
-    residual = getattr(head.layer, "residual_multiplier", 1.0)
+    residual = head.residual_multiplier
     if residual != 1.0:
         raise ExportError(
             f"the drafter's layer scales attention's and the MLP's outputs by residual_multiplier={residual} before "

@@ -197,6 +197,7 @@ class DraftModelObjective(nn.Module):
         self.head = head
         self.soft_labels = loss.draft_labels == "soft"
         self.depth = loss.chain_depth
+        self.finish = logit_transform(head.model)  # the small model's own forward applies it when it drafts
 
     @property
     def needs_logits(self) -> bool:
@@ -209,7 +210,7 @@ class DraftModelObjective(nn.Module):
         valid = batch["loss_mask"][:, 1:].bool() & attention_mask[:, 1:].bool()  # position s predicts token s+1
         # Only the trained rows go through the (full-vocabulary) lm_head, then the family's finish (Gemma2's soft cap,
         # Granite's scaling), as the small model's own forward gives them when it drafts.
-        logits = logit_transform(model)(model.get_output_embeddings()(hidden[:, :-1][valid]))  # (N, V)
+        logits = self.finish(model.get_output_embeddings()(hidden[:, :-1][valid]))  # (N, V)
         target = None
         if self.soft_labels:
             full = target_distribution(features).narrow(0, input_ids.shape[1] - 1)
