@@ -267,6 +267,7 @@ class SpeculativeGenerator:
             output_hidden_states=self.layer_ids or None,
             logits_to_keep=1,  # only the last position picks a token: skip the (T, V) lm_head over the prompt
         )
+        cache.crop(0)  # sliding-window layers keep only the last W-1 prompt keys (a no-op for full-attention ones)
         logits = out.logits[0, -1]  # (V,)
         if sampling.greedy:
             root = int(torch.argmax(logits).item())  # syncs: the forward's time is all in

@@ -5,6 +5,10 @@ order. The accepted path is a subset of the nodes; transformers has no API to ke
 the sequence axis, so we copy the path's entries into the contiguous slots right after the prefix and drop the
 tail (``cache.layers[i].keys/.values`` are plain tensors ``(B, kv_heads, seq, head_dim)``; see shared NOTES:
 ~2 ms, equal to a sequential run, where re-feeding the path would cost a whole forward).
+
+Sliding-window layers hold only the keys their next forward can see: the last W-1 committed positions (a node at
+position p sees q only if p - q < W), so their memory stays bounded however long the sequence grows. Their slots
+start at ``window_start(cache)``, not at 0; full-attention layers hold every position.
 """
 
 from __future__ import annotations
@@ -14,15 +18,17 @@ from transformers import DynamicCache, PreTrainedModel
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
-    """An empty KV cache for ``model`` that can be cropped back to any length.
+    """An empty KV cache for ``model`` that can be cropped back to any committed length.
 
-    transformers' sliding-window cache layers keep only the last W-1 keys, so the n nodes of a verified tree would
-    push out prefix keys that the accepted path still needs, and no crop brings them back. For a model with such
-    layers the cache keeps every key instead (its memory grows with the sequence, as a model without a window's
-    does) and the window is applied by the mask (``verify.AttentionLayout``); others get transformers' own cache.
+    transformers' sliding-window cache layers keep the last W-1 keys on every update, so the n nodes of a verified
+    tree would push out prefix keys that the accepted path still needs. Recording their past (transformers' own
+    switch for rolling back, as its assisted generation uses) makes them keep every key until the next crop, and
+    ``crop_to`` (which ``commit_path`` ends with) trims them back to the last W-1 committed positions.
     """
     cache = DynamicCache(config=model.config)
-    return DynamicCache() if sliding_window(cache) else cache
+    if sliding_window(cache):
+        cache.activate_past_recording()
+    return cache
 
 
 def sliding_window(cache: DynamicCache) -> int:
@@ -31,35 +37,56 @@ def sliding_window(cache: DynamicCache) -> int:
     return min(windows, default=0)
 
 
+def window_start(cache: DynamicCache) -> int:
+    """The position of the first key the cache's sliding-window layers will show the next forward (0 when it has no
+    such layer, or holds nothing yet): they return at most their last W-1 keys with the new ones, as transformers'
+    sliding layer does while recording its past."""
+    starts = {
+        layer.get_seq_length() - min(layer.keys.shape[-2], int(layer.sliding_window) - 1)
+        for layer in cache.layers
+        if getattr(layer, "is_sliding", False) and layer.is_initialized
+    }
+    if len(starts) > 1:
+        raise ValueError(
+            f"the cache's sliding-window layers show keys from different positions ({sorted(starts)}); tree "
+            "verification takes one sliding mask, so every sliding layer needs the same window"
+        )
+    return starts.pop() if starts else 0
+
+
 def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[int]) -> None:
-    """Move the entries of tree nodes ``path`` (node indices, root first) to slots ``prefix_len ...`` and crop."""
+    """Move the entries of tree nodes ``path`` (node indices, root first) to positions ``prefix_len ...`` and crop.
+
+    ``prefix_len`` is a position; a sliding-window layer that holds only its window finds it at slot
+    ``prefix_len - (positions it no longer holds)``."""
     path_list = path.tolist() if isinstance(path, torch.Tensor) else list(path)
     keep = prefix_len + len(path_list)
     if path_list == list(range(len(path_list))):  # already contiguous (root only, or a chain's prefix): crop only
         crop_to(cache, keep)
         return
     path = torch.as_tensor(path_list, dtype=torch.long)
-    sources: dict[torch.device, torch.Tensor] = {}  # one copy of the index per device, not one per layer
+    sources: dict[tuple[torch.device, int], torch.Tensor] = {}  # one index per device and slot, not one per layer
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
-        if layer.keys.shape[-2] < prefix_len + int(path.max()) + 1:
+        base = prefix_len - (layer.get_seq_length() - layer.keys.shape[-2])  # the prefix's end, in this layer's slots
+        if base < 0 or layer.keys.shape[-2] < base + int(path.max()) + 1:
             raise ValueError(
                 f"cache layer holds {layer.keys.shape[-2]} entries but the path needs node {int(path.max())} after "
                 f"a prefix of {prefix_len}; verify the tree before committing it"
             )
-        src = sources.get(layer.keys.device)
+        src = sources.get((layer.keys.device, base))
         if src is None:
-            src = sources[layer.keys.device] = (prefix_len + path).to(layer.keys.device)
-        layer.keys[:, :, prefix_len:keep] = layer.keys[:, :, src]  # advanced indexing copies before writing
-        layer.values[:, :, prefix_len:keep] = layer.values[:, :, src]
+            src = sources[(layer.keys.device, base)] = (base + path).to(layer.keys.device)
+        layer.keys[:, :, base : base + len(path_list)] = layer.keys[:, :, src]  # advanced indexing copies first
+        layer.values[:, :, base : base + len(path_list)] = layer.values[:, :, src]
     crop_to(cache, keep)
 
 
 def crop_to(cache: DynamicCache, length: int) -> None:
-    """Drop every entry past ``length`` (``DynamicCache.crop`` takes a negative count to remove)."""
+    """Drop every entry past position ``length``. ``DynamicCache.crop`` takes a negative count to remove, and also
+    trims each sliding-window layer back to the last W-1 keys, all its next forward can see (``crop(0)`` only trims)."""
     extra = cache.get_seq_length() - length
     if extra < 0:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} entries to a longer length {length}")
-    if extra:
-        cache.crop(-extra)
+    cache.crop(-extra)

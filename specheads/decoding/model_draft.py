@@ -58,7 +58,7 @@ class DraftModelDrafter:
         sampling: Sampling,
         generator: torch.Generator | None,
     ) -> DraftModelState:
-        cache = new_cache(self.model)  # cropped after each step: with every key kept on a sliding-window model
+        cache = new_cache(self.model)  # cropped after each step (a sliding-window model: back to its window)
         return DraftModelState(cache, prompt_ids.view(-1).tolist(), root, self.draft_length, sampling, generator)
 
     def propose(self, state: DraftModelState) -> DraftTree:

@@ -2,9 +2,10 @@
 
 The target is a stock transformers model: the tree is expressed only through an additive 4D mask and explicit
 position ids (see ``tree.py``). The forward appends all n nodes to the cache; ``kv_cache.commit_path`` then keeps
-exactly the accepted path's entries. On a target with sliding-window layers the cache keeps every key
-(``kv_cache.new_cache``) and those layers get a mask that also hides keys W or more positions back, as
-transformers' own sliding-window mask does; models with both kinds of layer take one mask per layer type.
+exactly the accepted path's entries. On a target with sliding-window layers those layers hold only the last W-1
+committed keys (``kv_cache``) and get a mask over just those and the nodes, which also hides keys W or more
+positions back from deeper nodes, as transformers' own sliding-window mask does; models with both kinds of layer
+take one mask per layer type.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specheads.decoding.kv_cache import sliding_window
+from specheads.decoding.kv_cache import sliding_window, window_start
 from specheads.decoding.tree import ancestor_matrix, tree_attention_mask
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
@@ -44,12 +45,13 @@ def attention_layout(target: PreTrainedModel) -> AttentionLayout:
     return AttentionLayout(window, tuple(sorted(kinds)) if len(kinds) > 1 else ())
 
 
-def windowed(mask: torch.Tensor, positions: torch.Tensor, prefix_len: int, window: int) -> torch.Tensor:
-    """``mask`` (1, 1, n, prefix + n) with the keys W or more positions behind each node also hidden: node i at
-    position p sees a key at position q only if p - q < W (transformers' ``sliding_window_overlay``)."""
-    key_positions = torch.cat([torch.arange(prefix_len, device=positions.device), positions])  # (prefix + n,)
-    too_far = positions[:, None] - key_positions[None, :] >= window  # (n, prefix + n)
-    return mask.masked_fill(too_far, torch.finfo(mask.dtype).min)
+def windowed(mask: torch.Tensor, positions: torch.Tensor, prefix_len: int, window: int, start: int = 0) -> torch.Tensor:
+    """The sliding layers' mask: ``mask`` (1, 1, n, prefix + n) over only the keys they hold, positions ``start``
+    to ``prefix_len - 1`` and the n nodes, with the keys W or more positions behind each node also hidden: node i
+    at position p sees a key at position q only if p - q < W (transformers' ``sliding_window_overlay``)."""
+    key_positions = torch.cat([torch.arange(start, prefix_len, device=positions.device), positions])
+    too_far = positions[:, None] - key_positions[None, :] >= window  # (n, prefix - start + n)
+    return mask[..., start:].masked_fill(too_far, torch.finfo(mask.dtype).min)
 
 
 @dataclass
@@ -87,7 +89,7 @@ def verify_tree(
     position_ids = (prefix_len + depths.to(tokens.device)).unsqueeze(0)  # (1, n)
     masks: torch.Tensor | dict[str, torch.Tensor] = mask
     if layout.window:
-        sliding = windowed(mask, position_ids[0], prefix_len, layout.window)
+        sliding = windowed(mask, position_ids[0], prefix_len, layout.window, window_start(cache))
         masks = {kind: sliding if kind == SLIDING else mask for kind in layout.layer_types} or sliding
     out = target(
         input_ids=tokens.unsqueeze(0),

@@ -222,11 +222,26 @@ def sliding_target(model_type: str):
     return target
 
 
+def record_cache_sizes(target) -> list[tuple[int, list[int], list[int]]]:
+    """Before each target forward: (position, keys held by each sliding layer, by each full-attention layer)."""
+    sizes: list[tuple[int, list[int], list[int]]] = []
+
+    def before(module, args, kwargs):
+        layers = [layer for layer in kwargs["cache"].layers if layer.is_initialized]
+        sliding = [layer.keys.shape[-2] for layer in layers if getattr(layer, "is_sliding", False)]
+        full = [layer.keys.shape[-2] for layer in layers if not getattr(layer, "is_sliding", False)]
+        sizes.append((kwargs["cache"].get_seq_length(), sliding, full))
+
+    target.register_forward_pre_hook(before, with_kwargs=True)
+    return sizes
+
+
 @pytest.mark.parametrize("model_type", list(SLIDING_TARGETS))
 def test_sliding_window_targets_decode_past_the_window_exactly_as_generate(model_type):
-    """A target whose sliding layers see only the last W positions, on a request three windows long: the cache
-    keeps every key (transformers' own keeps W-1, which a rejected tree would push out) and the sliding layers get
-    a windowed tree mask, so every drafter's greedy output is the target's own, with drafts accepted."""
+    """A target whose sliding layers see only the last W positions, on a request three windows long: the sliding
+    layers record their past while a tree is verified and are trimmed back to the last W-1 committed keys after
+    each commit, so their memory stays bounded, and get a windowed tree mask over just those keys; every drafter's
+    greedy output is the target's own, with drafts accepted."""
     from specheads.decoding.verify import attention_layout
 
     target = sliding_target(model_type)
@@ -238,12 +253,19 @@ def test_sliding_window_targets_decode_past_the_window_exactly_as_generate(model
     prompt = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17, 42, 5, 17])  # 12 tokens + 36 new: 48 = 3 windows
     expected = greedy_continuation(target, prompt, 36)
     drafters = tiny_drafters(target)
+    sizes = record_cache_sizes(target)
     for name in ("medusa", "eagle3", "draft_model", "lookup", "eagle3+lookup"):
         planted = PlantedDrafter(drafters[name], expected)
         result = SpeculativeGenerator(target, TinyTokenizer(), planted).generate(prompt, max_new_tokens=36)
         assert result.token_ids == expected, name
         if name != "lookup":  # (no n-gram match, no tree to plant in)
             assert result.stats.target_forwards < 30, name  # planted paths were accepted past the window too
+    verifies = [(position, sliding, full) for position, sliding, full in sizes if position]  # not the prompt's
+    assert verifies and all(max(sliding) <= 15 and set(full) <= {position} for position, sliding, full in verifies)
+    assert max(position for position, _, _ in verifies) >= 40 and {15} == {
+        size for position, sliding, _ in verifies if position >= 15 for size in sliding
+    }  # past the window every sliding layer holds exactly W-1 keys, wherever the sequence is
+    assert (model_type == "mistral") == all(not full for _, _, full in verifies)  # mixed: full layers hold all
     plain = SpeculativeGenerator(target, TinyTokenizer()).generate(prompt, max_new_tokens=36)
     assert plain.token_ids == expected
     sampled = SpeculativeGenerator(target, TinyTokenizer(), drafters["eagle3"], acceptance="speculative")
@@ -254,16 +276,17 @@ def test_sliding_window_targets_decode_past_the_window_exactly_as_generate(model
     assert SpeculativeGenerator(target, TinyTokenizer(), planted).generate(long_prompt, 24).token_ids == expected
 
 
-def test_the_window_is_what_makes_sliding_targets_exact():
-    """The same request with the window left out of the mask (every layer seeing the whole prefix) decodes other
-    tokens: the test above would catch a mask that ignored the window."""
-    from specheads.decoding.verify import AttentionLayout
+def test_the_window_is_what_makes_sliding_targets_exact(monkeypatch):
+    """The same request with the sliding layers' mask hiding nothing of the W-1 keys they hold (a node d deep then
+    sees d keys past its window) decodes other tokens: the test above would catch a mask that ignored the window."""
+    from specheads.decoding import verify
 
     target = sliding_target("mistral")
     prompt = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17, 42, 5, 17])
     expected = greedy_continuation(target, prompt, 36)
     generator = SpeculativeGenerator(target, TinyTokenizer(), tiny_drafters(target)["medusa"])
-    generator.layout = AttentionLayout()  # a deliberately wrong layout, for this check only
+    unwindowed = lambda mask, positions, prefix_len, window, start=0: mask[..., start:]  # noqa: E731
+    monkeypatch.setattr(verify, "windowed", unwindowed)  # a deliberately wrong mask, for this check only
     assert generator.generate(prompt, max_new_tokens=36).token_ids != expected
 
 

@@ -91,3 +91,40 @@ def test_verify_on_smollm2_matches_sequential(smollm2):
         sequence = torch.cat([prefix, tokens[_path_to(node, parents)]])
         expected = model(input_ids=sequence.unsqueeze(0)).logits[0, -1]
         torch.testing.assert_close(verification.logits[node], expected, atol=2e-3, rtol=1e-3)
+
+
+@torch.inference_mode()
+def test_a_sliding_window_target_verifies_and_commits_within_its_window():
+    """Gemma2 (sliding and full layers, window 8) past its window: each node's logits are its sequential path's, and
+    a committed branch leaves the cache exactly as transformers' own after a sequential run: the sliding layers hold
+    their last W-1 keys, the full layers every key, and both continue alike."""
+    from specheads.decoding.kv_cache import new_cache, window_start
+    from specheads.decoding.verify import attention_layout
+    from tests.tiny_models import tiny_family
+
+    model = tiny_family("gemma2", sliding_window=8, head_dim=16, query_pre_attn_scalar=16)
+    generator = torch.Generator().manual_seed(2)
+    prefix = torch.randint(0, 128, (11,), generator=generator)
+    tokens = torch.randint(0, 128, (len(PARENTS),), generator=generator)
+    cache = new_cache(model)
+    model(input_ids=prefix.unsqueeze(0), cache=cache, use_cache=True)
+    cache.crop(0)
+    assert window_start(cache) == 11 - 7
+    verification = verify_tree(model, cache, tokens, torch.tensor(PARENTS), layout=attention_layout(model))
+    for node in range(len(PARENTS)):
+        sequence = torch.cat([prefix, tokens[_path_to(node, PARENTS)]])
+        expected = model(input_ids=sequence.unsqueeze(0)).logits[0, -1]
+        torch.testing.assert_close(verification.logits[node], expected, atol=1e-4, rtol=1e-4)
+    path = [0, 2, 5]  # a branch that is not nodes 0..2
+    commit_path(cache, prefix_len=11, path=path)
+    reference = _prefilled(model, torch.cat([prefix, tokens[path]]))  # transformers' cache: sliding layers keep W-1
+    assert cache.get_seq_length() == reference.get_seq_length() == 14 and window_start(cache) == 14 - 7
+    kinds = {ours.keys.shape[-2] for ours in cache.layers}
+    assert kinds == {7, 14}  # sliding layers their window, full layers everything
+    for ours, theirs in zip(cache.layers, reference.layers):
+        torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-5)
+    nxt = torch.tensor([[5]])
+    ours = model(input_ids=nxt, cache=cache, use_cache=True).logits
+    theirs = model(input_ids=nxt, cache=reference, use_cache=True).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
