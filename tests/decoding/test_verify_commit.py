@@ -25,6 +25,17 @@ def _path_to(node: int, parents: list[int]) -> list[int]:
     return path[::-1]
 
 
+def assert_same_and_continues_alike(model, cache: DynamicCache, reference: DynamicCache) -> None:
+    """The committed cache holds a sequential run's entries, layer by layer, and continues exactly like it."""
+    for ours, theirs in zip(cache.layers, reference.layers, strict=True):
+        torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-5)
+    nxt = torch.tensor([[5]])
+    ours = model(input_ids=nxt, cache=cache, use_cache=True).logits
+    theirs = model(input_ids=nxt, cache=reference, use_cache=True).logits
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
 @torch.inference_mode()
 def test_tree_logits_equal_sequential_paths(tiny_llama):
     model = tiny_llama
@@ -56,14 +67,7 @@ def test_commit_equals_sequential_run(tiny_llama):
     commit_path(cache, prefix_len=6, path=path)
     reference = _prefilled(model, torch.cat([prefix, tokens[path]]))
     assert cache.get_seq_length() == reference.get_seq_length() == 6 + len(path)
-    for ours, theirs in zip(cache.layers, reference.layers):
-        torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-5)
-    # The committed cache continues exactly like the sequential one.
-    nxt = torch.tensor([[5]])
-    ours = model(input_ids=nxt, cache=cache, use_cache=True).logits
-    theirs = model(input_ids=nxt, cache=reference, use_cache=True).logits
-    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert_same_and_continues_alike(model, cache, reference)
 
 
 @torch.inference_mode()
@@ -121,10 +125,4 @@ def test_a_sliding_window_target_verifies_and_commits_within_its_window():
     assert cache.get_seq_length() == reference.get_seq_length() == 14 and window_start(cache) == 14 - 7
     kinds = {ours.keys.shape[-2] for ours in cache.layers}
     assert kinds == {7, 14}  # sliding layers their window, full layers everything
-    for ours, theirs in zip(cache.layers, reference.layers):
-        torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-5)
-    nxt = torch.tensor([[5]])
-    ours = model(input_ids=nxt, cache=cache, use_cache=True).logits
-    theirs = model(input_ids=nxt, cache=reference, use_cache=True).logits
-    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    assert_same_and_continues_alike(model, cache, reference)
