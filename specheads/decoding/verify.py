@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specheads.decoding.kv_cache import sliding_window, window_start
 from specheads.decoding.tree import ancestor_matrix, tree_attention_mask
@@ -32,16 +33,32 @@ class AttentionLayout:
 
 
 def attention_layout(target: PreTrainedModel) -> AttentionLayout:
-    """How ``target``'s layers attend, read from the cache transformers would build for it and its config."""
-    window = sliding_window(DynamicCache(config=target.config))
-    if not window:
-        return AttentionLayout()
-    kinds = set(getattr(target.config.get_text_config(), "layer_types", None) or [SLIDING])
+    """How ``target``'s layers attend, read from the cache transformers would build for it and its config.
+
+    Only attention layers take a tree: a recurrent layer (linear attention, a state-space or convolution layer, as in
+    Qwen3-Next, Jamba, LFM2, Falcon-H1) folds every node it is fed into one state, whatever the mask says, and that
+    state cannot be cut back to the accepted path; chunked attention (Llama 4) needs a mask this verifier does not
+    build. Such targets are refused here, before anything is decoded."""
+    name = type(target).__name__
+    cache = DynamicCache(config=target.config)
+    layers = {type(layer).__name__ for layer in cache.layers}
+    if not layers <= {DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__}:
+        raise ValueError(
+            f"{name} has cache layers of kinds {sorted(layers)}: recurrent layers (linear attention, state-space or "
+            "convolution) fold every tree node they are fed into one state, which cannot be rolled back to the "
+            "accepted path, so tree verification would not be exact. Expected attention layers only (full or "
+            "sliding-window). Decode this target with transformers' generate"
+        )
+    kinds = set(getattr(target.config.get_text_config(), "layer_types", None) or [])
     if not kinds <= {SLIDING, FULL}:
         raise ValueError(
-            f"{type(target).__name__} has layers of types {sorted(kinds)}; tree verification masks "
-            f"'{SLIDING}' and '{FULL}' layers only. Decode this target with transformers' generate"
+            f"{name} has layers of types {sorted(kinds)}; tree verification masks '{SLIDING}' and '{FULL}' layers "
+            "only. Decode this target with transformers' generate"
         )
+    window = sliding_window(cache)
+    if not window:
+        return AttentionLayout()
+    kinds = kinds or {SLIDING}
     return AttentionLayout(window, tuple(sorted(kinds)) if len(kinds) > 1 else ())
 
 

@@ -83,6 +83,41 @@ def test_attention_without_tree_masks_is_refused(target):
         _plain(target)
 
 
+LINEAR = dict(linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
+LAYERS_WITHOUT_TREES = {  # family: (its options, what the refusal names)
+    "qwen3_next": (
+        dict(head_dim=16, num_experts=0, layer_types=["linear_attention", "full_attention"], **LINEAR),
+        "LinearAttentionLayer",
+    ),
+    "lfm2": (dict(layer_types=["conv", "full_attention"]), "LinearAttentionLayer"),
+    "falcon_h1": ({}, "LinearAttentionAndFullAttentionLayer"),
+    "jamba": ({}, "LinearAttentionLayer"),
+    "llama4_text": (
+        dict(
+            head_dim=16,
+            attention_chunk_size=8,
+            layer_types=["chunked_attention", "full_attention"],
+            num_local_experts=1,
+            interleave_moe_layer_step=1,
+        ),
+        "chunked_attention",
+    ),
+}
+
+
+@pytest.mark.parametrize("model_type", list(LAYERS_WITHOUT_TREES))
+def test_targets_with_layers_that_cannot_take_a_tree_are_refused_before_decoding(model_type):
+    """Recurrent layers (linear attention, state-space, convolution) fold every node of a tree into one state that
+    cannot be cut back to the accepted path, and chunked attention needs another mask: refused at construction,
+    naming the layers, where they would otherwise fail mid-request inside transformers' cache (or decode wrongly)."""
+    from tests.tiny_models import tiny_family
+
+    options, named = LAYERS_WITHOUT_TREES[model_type]
+    model = tiny_family(model_type, attn="sdpa", **options)
+    with pytest.raises(ValueError, match=f"{named}.*Decode this target with transformers' generate"):
+        SpeculativeGenerator(model, TinyTokenizer())
+
+
 def test_a_head_moved_to_another_dtype_is_named_before_decoding(target):
     head = EagleDrafter(EagleConfig(version=1), target).eval()
     generator = SpeculativeGenerator(target, TinyTokenizer(), EagleTreeDrafter(head, DynamicTreeConfig(2, 2, 4)))
