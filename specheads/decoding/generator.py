@@ -40,7 +40,7 @@ from specheads.decoding.sampling import (
 )
 from specheads.decoding.stats import GenerationResult, GenerationStats
 from specheads.decoding.tree import ancestor_matrix
-from specheads.decoding.verify import attention_layout, select_rows, verify_tree
+from specheads.decoding.verify import attention_layout, check_tree_exactness, select_rows, verify_tree
 from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
 
 ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
@@ -100,6 +100,7 @@ class SpeculativeGenerator:
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
         self.layout = attention_layout(target)  # the masks its layers read (sliding-window layers: their own)
+        check_tree_exactness(target, self.layout)  # a forward that ignores the tree mask or positions: refused
         self.flagged_settings = generation_settings_to_flag(target)  # warned about now, and again if they change
         warn_unapplied_generation_settings(self.flagged_settings)
 

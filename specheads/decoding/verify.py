@@ -10,13 +10,14 @@ take one mask per layer type.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from specheads.decoding.kv_cache import sliding_window, window_start
+from specheads.decoding.kv_cache import commit_path, new_cache, sliding_window, window_start
 from specheads.decoding.tree import ancestor_matrix, tree_attention_mask
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
@@ -122,3 +123,66 @@ def verify_tree(
 def select_rows(hidden_states: tuple[torch.Tensor | None, ...], rows: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
     """Keep only the given node rows (e.g. the accepted path) of every returned hidden state: (1, n, H) -> (1, r, H)."""
     return tuple(None if h is None else h[:, rows] for h in hidden_states)
+
+
+PROBE_PARENTS = (-1, 0, 0, 0, 0, 0, 0, 1, 6)
+"""Root, six siblings and a grandchild under the first and the last: masks, depths (node 8 sits six slots past its
+position, as wide trees' nodes do) and a branch to commit."""
+PROBE_TOLERANCE = {torch.float32: 0.01, torch.float64: 0.01}
+"""The largest difference, relative to the largest logit, that ``tree_exactness_gap`` may find (0.1 in 16-bit
+formats). Wrong masks or positions shift logits by a good part of their range (MPT: 22%); rounding differs by a
+few ulps: a 16-bit forward over several tokens rounds otherwise than one over a single token, and fp32 matrix
+products may run in TF32 on a GPU."""
+
+_CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(dtype, device): gap}
+
+
+def check_tree_exactness(target: PreTrainedModel, layout: AttentionLayout) -> None:
+    """Refuse a target whose forward over a tree is not its sequential forward (``tree_exactness_gap``), before
+    anything is decoded: speculative decoding on it would not be lossless. Measured once per target, dtype and
+    device in a process."""
+    dtype = target.get_input_embeddings().weight.dtype
+    key = (dtype, str(target.device))
+    gaps = _CHECKED.setdefault(target, {})
+    if key not in gaps:
+        gaps[key] = tree_exactness_gap(target, layout)
+    tolerance = PROBE_TOLERANCE.get(dtype, 0.1)
+    if gaps[key] > tolerance:
+        raise ValueError(
+            f"{type(target).__name__}'s forward over a draft tree does not match its own forward over each path: "
+            f"on a fixed 9-node probe tree its logits differ by {gaps[key]:.1%} of their range, where rounding in "
+            f"{str(dtype).removeprefix('torch.')} stays under {tolerance:.0%}. Its layers do not honour the 4D "
+            "attention mask, the explicit position ids or the cache commit that tree verification relies on (ALiBi "
+            "models such as MPT take their biases from the key index, not the position), so speculative decoding "
+            "would not be lossless. Decode this target with transformers' generate"
+        )
+
+
+@torch.inference_mode()
+def tree_exactness_gap(target: PreTrainedModel, layout: AttentionLayout) -> float:
+    """How far ``target``'s tree forward is from its own sequential one, on a fixed 9-node tree over a 6-token prefix:
+    the largest difference of any node's logits from those of its path run from scratch, and of the next token's
+    after committing a branch, relative to the largest reference logit. 0 up to rounding when the forward honours the
+    4D mask, the position ids and the cache commit; a family that ignores one of them (ALiBi biases taken from the
+    key index, as MPT's) is off by far more. Four small forwards, no drafter involved."""
+    device = target.device
+    vocab = int(target.config.get_text_config().vocab_size)
+    generator = torch.Generator().manual_seed(0)
+    nodes = len(PROBE_PARENTS)
+    prefix, tokens = (torch.randint(0, vocab, (size,), generator=generator).to(device) for size in (6, nodes + 1))
+    paths = [[0], *([0, child] for child in range(1, 7)), [0, 1, 7], [0, 6, 8]]
+    cache = new_cache(target)
+    target(input_ids=prefix.unsqueeze(0), cache=cache, use_cache=True)
+    cache.crop(0)
+    parents = torch.tensor(PROBE_PARENTS, device=device)
+    got = [verify_tree(target, cache, tokens[:nodes], parents, layout=layout).logits]
+    commit_path(cache, prefix.numel(), [0, 6, 8])
+    got.append(verify_tree(target, cache, tokens[nodes:], torch.tensor([-1], device=device), layout=layout).logits)
+    paths.append([0, 6, 8, nodes])  # the next token after the committed branch
+    lengths = torch.tensor([prefix.numel() + len(path) for path in paths], device=device)
+    batch = torch.stack([torch.cat([prefix, tokens[path + [0] * (4 - len(path))]]) for path in paths])  # right-padded
+    mask = (torch.arange(batch.shape[1], device=device) < lengths[:, None]).long()
+    logits = target(input_ids=batch, attention_mask=mask, use_cache=False).logits  # each path run from scratch
+    want = logits[torch.arange(len(paths), device=device), lengths - 1]
+    got_all, want = torch.cat(got).float(), want.float()
+    return float((got_all - want).abs().max() / want.abs().max().clamp_min(1e-6))

@@ -223,10 +223,12 @@ def sliding_target(model_type: str):
 
 
 def record_cache_sizes(target) -> list[tuple[int, list[int], list[int]]]:
-    """Before each target forward: (position, keys held by each sliding layer, by each full-attention layer)."""
+    """Before each target forward on a cache: (position, keys held by each sliding layer, by each full one)."""
     sizes: list[tuple[int, list[int], list[int]]] = []
 
     def before(module, args, kwargs):
+        if kwargs.get("cache") is None:  # a forward from scratch (the generator's exactness probe)
+            return
         layers = [layer for layer in kwargs["cache"].layers if layer.is_initialized]
         sliding = [layer.keys.shape[-2] for layer in layers if getattr(layer, "is_sliding", False)]
         full = [layer.keys.shape[-2] for layer in layers if not getattr(layer, "is_sliding", False)]
