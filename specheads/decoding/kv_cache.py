@@ -40,18 +40,12 @@ def sliding_window(cache: DynamicCache) -> int:
 def window_start(cache: DynamicCache) -> int:
     """The position of the first key the cache's sliding-window layers will show the next forward (0 when it has no
     such layer, or holds nothing yet): they return at most their last W-1 keys with the new ones, as transformers'
-    sliding layer does while recording its past."""
-    starts = {
-        layer.get_seq_length() - min(layer.keys.shape[-2], int(layer.sliding_window) - 1)
-        for layer in cache.layers
-        if getattr(layer, "is_sliding", False) and layer.is_initialized
-    }
-    if len(starts) > 1:
-        raise ValueError(
-            f"the cache's sliding-window layers show keys from different positions ({sorted(starts)}); tree "
-            "verification takes one sliding mask, so every sliding layer needs the same window"
-        )
-    return starts.pop() if starts else 0
+    sliding layer does while recording its past. Every sliding layer has the same window and length
+    (``verify.attention_layout`` refuses targets whose windows differ), so the first one tells."""
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) and layer.is_initialized:
+            return layer.get_seq_length() - min(layer.keys.shape[-2], int(layer.sliding_window) - 1)
+    return 0
 
 
 def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[int]) -> None:

@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from specheads.decoding.kv_cache import commit_path, new_cache, sliding_window, window_start
+from specheads.decoding.kv_cache import commit_path, new_cache, window_start
 from specheads.decoding.tree import ancestor_matrix, tree_attention_mask
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
@@ -56,11 +56,16 @@ def attention_layout(target: PreTrainedModel) -> AttentionLayout:
             f"{name} has layers of types {sorted(kinds)}; tree verification masks '{SLIDING}' and '{FULL}' layers "
             "only. Decode this target with transformers' generate"
         )
-    window = sliding_window(cache)
-    if not window:
+    windows = {int(layer.sliding_window) for layer in cache.layers if getattr(layer, "is_sliding", False)}
+    if len(windows) > 1:
+        raise ValueError(
+            f"{name}'s sliding-window layers have different windows ({sorted(windows)}); tree verification gives "
+            "every sliding layer one mask, so it needs one window. Decode this target with transformers' generate"
+        )
+    if not windows:
         return AttentionLayout()
     kinds = kinds or {SLIDING}
-    return AttentionLayout(window, tuple(sorted(kinds)) if len(kinds) > 1 else ())
+    return AttentionLayout(windows.pop(), tuple(sorted(kinds)) if len(kinds) > 1 else ())
 
 
 def windowed(mask: torch.Tensor, positions: torch.Tensor, prefix_len: int, window: int, start: int = 0) -> torch.Tensor:
@@ -168,19 +173,20 @@ def tree_exactness_gap(target: PreTrainedModel, layout: AttentionLayout) -> floa
     device = target.device
     vocab = int(target.config.get_text_config().vocab_size)
     generator = torch.Generator().manual_seed(0)
-    nodes = len(PROBE_PARENTS)
+    parents = torch.tensor(PROBE_PARENTS, device=device)
+    nodes = parents.numel()
+    paths = [row.nonzero().flatten().tolist() for row in ancestor_matrix(parents)]  # root ... node, per node
     prefix, tokens = (torch.randint(0, vocab, (size,), generator=generator).to(device) for size in (6, nodes + 1))
-    paths = [[0], *([0, child] for child in range(1, 7)), [0, 1, 7], [0, 6, 8]]
     cache = new_cache(target)
     target(input_ids=prefix.unsqueeze(0), cache=cache, use_cache=True)
     cache.crop(0)
-    parents = torch.tensor(PROBE_PARENTS, device=device)
     got = [verify_tree(target, cache, tokens[:nodes], parents, layout=layout).logits]
-    commit_path(cache, prefix.numel(), [0, 6, 8])
+    commit_path(cache, prefix.numel(), paths[-1])  # the deepest branch, which leaves the first child
     got.append(verify_tree(target, cache, tokens[nodes:], torch.tensor([-1], device=device), layout=layout).logits)
-    paths.append([0, 6, 8, nodes])  # the next token after the committed branch
+    paths.append(paths[-1] + [nodes])  # the next token after the committed branch
     lengths = torch.tensor([prefix.numel() + len(path) for path in paths], device=device)
-    batch = torch.stack([torch.cat([prefix, tokens[path + [0] * (4 - len(path))]]) for path in paths])  # right-padded
+    longest = max(map(len, paths))
+    batch = torch.stack([torch.cat([prefix, tokens[path + [0] * (longest - len(path))]]) for path in paths])  # padded
     mask = (torch.arange(batch.shape[1], device=device) < lengths[:, None]).long()
     logits = target(input_ids=batch, attention_mask=mask, use_cache=False).logits  # each path run from scratch
     want = logits[torch.arange(len(paths), device=device), lengths - 1]

@@ -236,7 +236,7 @@ class EagleDrafter(DraftHead):
         """Draft-vocabulary logits of drafter features (B, T, H) -> (B, T, Vd)."""
         if self.version == 1:  # the target's lm_head, and its family's finish (Gemma2's soft cap, Granite's scale)
             return self.borrowed.logits(hidden)
-        return self.borrowed.finish(self.lm_head(self.norm(hidden)))
+        return self.borrowed.logits(self.norm(hidden), self.lm_head)  # its own reduced lm_head, the same finish
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.version == 1 else self.d2t[draft_ids]

@@ -278,6 +278,25 @@ def test_sliding_window_targets_decode_past_the_window_exactly_as_generate(model
     assert SpeculativeGenerator(target, TinyTokenizer(), planted).generate(long_prompt, 24).token_ids == expected
 
 
+def test_sliding_layers_with_different_windows_are_refused(monkeypatch):
+    """One sliding mask serves every sliding layer, so a target whose sliding layers have different windows (none in
+    transformers 5.24 does; the cache allows it) is refused when the generator is built."""
+    from transformers import DynamicCache
+
+    from specheads.decoding import verify
+
+    target = sliding_target("mistral")
+
+    def two_windows(config):
+        cache = DynamicCache(config=config)
+        cache.layers[0].sliding_window = 8
+        return cache
+
+    monkeypatch.setattr(verify, "DynamicCache", two_windows)
+    with pytest.raises(ValueError, match=r"different windows \(\[8, 16\]\).*one window"):
+        SpeculativeGenerator(target, TinyTokenizer())
+
+
 def test_the_window_is_what_makes_sliding_targets_exact(monkeypatch):
     """The same request with the sliding layers' mask hiding nothing of the W-1 keys they hold (a node d deep then
     sees d keys past its window) decodes other tokens: the test above would catch a mask that ignored the window."""
