@@ -59,8 +59,62 @@ ARCHITECTURES = {
     "stablelm_parallel": dict(model_type="stablelm", use_parallel_residual=True),  # x + attn(ln(x)) + mlp(ln(x))
     # Granite with every multiplier at Llama's value (attention 1/sqrt(head_dim)): a Llama layer in all but name
     "granite_llama_numbers": dict(model_type="granite", attention_multiplier=0.25, embedding_multiplier=2.0),
+    # attention sinks, alternating sliding/full layers, a sparse MLP that also returns its router scores
+    "gpt_oss": dict(num_local_experts=4, head_dim=16, sliding_window=8),
+    "mixtral": dict(num_local_experts=4),
+    "qwen2_moe": dict(num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=32),  # + a shared expert
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "deepseek_v3": dict(  # multi-head latent attention (low-rank q and kv, a split rotary/no-rotary head), MoE
+        num_key_value_heads=4,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+    ),
+    "hunyuan_v1_dense": dict(head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    "ministral": dict(head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=10000.0), sliding_window=8),
+    "helium": dict(head_dim=16),
+    "ernie4_5": dict(head_dim=16),
+    "nemotron": {},  # LayerNorm1P, ReLU^2 MLP, partial rotary
+    "persimmon": {},  # fused q/k/v, per-head q/k LayerNorms
+    # families without a Llama-style decoder layer (no EAGLE drafter): Medusa heads and draft models decode them
+    "gptj": dict(rotary_dim=8),  # parallel block, interleaved partial rotary
+    "codegen": dict(rotary_dim=8),
+    "gpt2": {},  # learned absolute positions
+    "gpt_bigcode": {},  # multi-query attention, learned absolute positions
+    "opt": dict(ffn_dim=128, word_embed_proj_dim=64),  # learned absolute positions
+    "gpt_neox": {},
+    "falcon": {},  # rotary; Falcon with alibi=True is refused (tests/decoding/test_exactness_probe.py)
+    "phi": {},
+    "dbrx": dict(
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+        ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
+    ),
+    "exaone4": dict(head_dim=16, sliding_window=8),  # post-norm
+    "olmo3": dict(sliding_window=8),  # post-norm
+    "glm4": dict(head_dim=16),  # norms after attention and the MLP as well as before
+    "apertus": {},  # xIELU activation
+    "cohere2": dict(sliding_window=8),  # parallel attention/MLP block
 }
 """``tiny_named`` options per test target: a ``model_type`` (the key unless given) and the settings to exercise."""
+
+EAGLE_REFUSED = {
+    1: {"olmo2", "cohere", "stablelm_parallel", "gptj", "codegen", "gpt2", "gpt_bigcode", "opt", "gpt_neox"}
+    | {"falcon", "phi", "dbrx", "exaone4", "olmo3", "glm4", "apertus", "cohere2"},
+}
+EAGLE_REFUSED[3] = EAGLE_REFUSED[1] | {"phi3", "deepseek_v3", "persimmon"}  # fused or latent q/k/v projections
+"""Per EAGLE version, the ``ARCHITECTURES`` entries whose decoder layer the drafter does not wire, so it refuses to
+build on them (tests/heads/test_architectures.py); it builds on every other one."""
 
 
 def tiny_named(name: str, attn: str = "eager"):

@@ -150,7 +150,18 @@ def check_tree_exactness(target: PreTrainedModel, layout: AttentionLayout) -> No
     key = (dtype, str(target.device))
     gaps = _CHECKED.setdefault(target, {})
     if key not in gaps:
-        gaps[key] = tree_exactness_gap(target, layout)
+        try:
+            gaps[key] = tree_exactness_gap(target, layout)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # the family's forward cannot take a tree at all
+            raise ValueError(
+                f"{type(target).__name__}'s forward fails on a draft tree ({type(error).__name__}: {error}). Tree "
+                "verification feeds the target a 4D additive attention mask over the cache and the nodes, explicit "
+                "position ids and a DynamicCache, as transformers' rotary-position models take them; this family's "
+                "forward does not (ALiBi models such as BLOOM, and Falcon with alibi=True, build their biases from a "
+                "2D padding mask), so trees cannot be verified on it. Decode this target with transformers' generate"
+            ) from error
     tolerance = PROBE_TOLERANCE.get(dtype, 0.1)
     if gaps[key] > tolerance:
         raise ValueError(

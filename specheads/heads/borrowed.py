@@ -124,10 +124,12 @@ def decoder_layer_parts(target: PreTrainedModel) -> tuple[type[nn.Module], type[
     decoder = target.get_decoder()
     layers = getattr(decoder, "layers", None)
     rotary = getattr(decoder, "rotary_emb", None)
-    if layers is None or len(layers) == 0 or rotary is None:
+    missing = [name for name, part in (("`.layers`", layers), ("`.rotary_emb`", rotary)) if part is None or not part]
+    if missing:
         raise UnsupportedTargetError(
-            f"{type(target).__name__}: expected a decoder with `.layers` and `.rotary_emb` (Llama-style, as in "
-            "Llama, Qwen2/3, Mistral, SmolLM); found neither. EAGLE drafters build their layer from these classes."
+            f"{type(target).__name__}: expected a decoder ({type(decoder).__name__}) with `.layers` and `.rotary_emb` "
+            f"(Llama-style, as in Llama, Qwen2/3, Mistral, SmolLM); it has no {' and no '.join(missing)}. EAGLE "
+            "drafters build their layer from these classes. Medusa heads and draft models work with this target."
         )
     return type(layers[0]), type(rotary)
 

@@ -97,7 +97,9 @@ class EagleDrafter(DraftHead):
         layer_config = copy.deepcopy(target.config.get_text_config())
         if getattr(layer_config, "layer_types", None):  # the drafter's layer sees the whole prefix, as EAGLE's does
             layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
-        self.layer = layer_cls(layer_config, 0).to(dtype)
+        self.layer = layer_cls(layer_config, 0)
+        _initialise_as_the_target_does(self.layer, target)
+        self.layer.to(dtype)
         self.rotary = rotary_cls(config=layer_config)
         self.rotary_args = _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
         self.residual_multiplier = float(getattr(self.layer, RESIDUAL_MULTIPLIER, 1.0))  # Granite's; others' 1
@@ -225,11 +227,11 @@ class EagleDrafter(DraftHead):
         scale = self.residual_multiplier  # Granite scales each branch before adding it to the residual
         if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma2/3: norms after attention and on both sides of the MLP
             hidden = residual + _scaled(layer.post_attention_layernorm(attn_out), scale)
-            mlp_out = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+            mlp_out = layer.post_feedforward_layernorm(_mlp(layer, layer.pre_feedforward_layernorm(hidden)))
             hidden = hidden + _scaled(mlp_out, scale)
         else:  # Llama-style pre-norm block: post_attention_layernorm is the MLP's input norm
             hidden = residual + _scaled(attn_out, scale)
-            hidden = hidden + _scaled(layer.mlp(layer.post_attention_layernorm(hidden)), scale)
+            hidden = hidden + _scaled(_mlp(layer, layer.post_attention_layernorm(hidden)), scale)
         return hidden, self.logits(hidden) if with_logits else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -252,6 +254,26 @@ class EagleDrafter(DraftHead):
         if config.version == 3 and config.draft_vocab_size not in (None, config.target.vocab_size):
             d2t = torch.arange(config.draft_vocab_size)
         return cls(config, target, d2t=d2t)
+
+
+def _initialise_as_the_target_does(layer: nn.Module, target: PreTrainedModel) -> None:
+    """Transformers modules that hold parameters of their own (fused MoE experts and routers as in Qwen3-MoE,
+    Mixtral and GPT-OSS, GPT-OSS's attention sinks) allocate them with ``torch.empty`` and leave them to the model's
+    ``_init_weights``, which a layer built on its own never gets: without this the drafter would start from whatever
+    memory held (GPT-OSS's drafter output ~1e29 and never trained). Run the target family's own initialisation on
+    them; torch.nn modules (the projections) initialise themselves and keep torch's defaults."""
+    for module in layer.modules():
+        if (
+            not type(module).__module__.startswith("torch.")
+            and next(module.parameters(recurse=False), None) is not None
+        ):
+            target._init_weights(module)
+
+
+def _mlp(layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """The layer's MLP output; GPT-OSS's sparse MLP also returns its router scores, which its layer drops."""
+    out = layer.mlp(hidden)
+    return out[0] if isinstance(out, tuple) else out
 
 
 def _scaled(branch: torch.Tensor, scale: float) -> torch.Tensor:
@@ -300,9 +322,10 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
     if problems:
         raise UnsupportedTargetError(
             f"EAGLE-{version} builds its drafter from {target_name}'s decoder layer ({type(layer).__name__}), which "
-            f"has {'; '.join(problems)}. Expected a Llama-style pre-norm layer (Llama, Mistral, Qwen2/3, Qwen3-MoE, "
-            "SmolLM/SmolLM3, Granite, GLM, sequential StableLM, Starcoder2, Olmo, Seed-OSS, Arcee, Gemma; EAGLE-1 "
-            "also Phi-3) or Gemma2/3's. Medusa heads and draft models work with this target"
+            f"has {'; '.join(problems)}. Expected a Llama-style pre-norm layer (Llama, Mistral, Qwen2/3 and their MoE, "
+            "Mixtral, OLMoE, GPT-OSS, SmolLM/SmolLM3, Granite, GLM, sequential StableLM, Starcoder2, Olmo, Seed-OSS, "
+            "Arcee, HunYuan, Helium, ERNIE 4.5, Nemotron, Gemma; EAGLE-1 also Phi-3, DeepSeek-V3, Persimmon) or "
+            "Gemma2/3's. Medusa heads and draft models work with this target"
             + ("; so does EAGLE-1." if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else ".")
         )
     return (FULL_ATTENTION,) if rotary_args else ()

@@ -10,11 +10,17 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRotaryEmbedding
 
 from specheads.heads.base import DraftHead
 from specheads.heads.borrowed import LogitTransform, logit_transform
 from specheads.heads.eagle import EagleDrafter
+from specheads.heads.masks import causal_additive_mask
+
+LLAMA_NUMBERS_TOLERANCE = 1e-4
+"""The largest difference, relative to the output's largest value, between the drafter's attention or MLP and the
+engines' Llama ones on a random fp32 input: rounding is ~1e-6; another rotary layout or formula is far off."""
 
 
 class ExportError(ValueError):
@@ -98,3 +104,51 @@ def check_reads_last_hidden_state(head: DraftHead) -> None:
             f"the engines feed this drafter the target's last hidden state (layer_ids [{last}]); this head reads "
             f"{list(head.config.layer_ids)}"
         )
+
+
+def check_computes_as_llama(head: EagleDrafter, config: dict[str, Any]) -> None:
+    """The engines run the exported layer as transformers' Llama attention and MLP built from the exported
+    ``config``: the drafter's own must compute the same numbers. Same tensors and settings can still differ in how
+    the rotary embedding is applied (Helium's and ERNIE 4.5's interleave pairs of channels; Llama rotates halves) or
+    in a rotary setting the config does not carry, which the checks by name cannot see. Run both on one random
+    input, positions past 0 and a causal mask, in fp32."""
+    llama_config = LlamaConfig.from_dict({**config, "attn_implementation": "eager"})
+    attn = copy.deepcopy(head.layer.self_attn).to("cpu", torch.float32).eval()  # on the CPU, whatever the head's device
+    llama_attn = LlamaAttention(llama_config, 0)
+    for name in ("q_proj", "k_proj", "v_proj"):  # EAGLE-3 widens them to 2H inputs, as the engines' layer does
+        own = getattr(attn, name)
+        setattr(llama_attn, name, nn.Linear(own.in_features, own.out_features, bias=False))
+    mlp, llama_mlp = copy.deepcopy(head.layer.mlp).to("cpu", torch.float32).eval(), LlamaMLP(llama_config)
+    generator = torch.Generator().manual_seed(0)
+    length = 7
+    x = torch.randn(1, length, attn.q_proj.in_features, generator=generator)
+    positions = torch.arange(5, 5 + length)[None]
+    mask = causal_additive_mask(length, 0, x.dtype, x.device).expand(1, 1, -1, -1)
+    rotary = copy.deepcopy(head.rotary).to("cpu", torch.float32)
+    with torch.no_grad():
+        try:
+            llama_attn.load_state_dict(attn.state_dict())
+            llama_mlp.load_state_dict(mlp.state_dict())
+        except RuntimeError as error:
+            raise ExportError(
+                f"the drafter's layer ({type(head.layer).__name__}) does not load into the engines' Llama layer: "
+                f"{error}"
+            ) from error
+        own_out = attn(
+            hidden_states=x, position_embeddings=rotary(x, positions, *head.rotary_args), attention_mask=mask
+        )
+        llama_out = llama_attn(
+            x, position_embeddings=LlamaRotaryEmbedding(llama_config)(x, positions), attention_mask=mask
+        )
+        features = torch.randn(1, length, llama_config.hidden_size, generator=generator)
+        pairs = {"attention": (own_out[0], llama_out[0]), "MLP": (mlp(features), llama_mlp(features))}
+    for part, (own, llama) in pairs.items():
+        gap = float((own - llama).abs().max() / llama.abs().max().clamp_min(1e-6))
+        if gap > LLAMA_NUMBERS_TOLERANCE:
+            raise ExportError(
+                f"the drafter's {part} ({type(head.layer).__name__}) computes other numbers than the engines' Llama "
+                f"{part} built from the exported config, with the same weights: {gap:.1%} of the output's range off "
+                "on a random input (its family applies the rotary embedding or computes the block otherwise, as "
+                "Helium and ERNIE 4.5 interleave rotary channels). An engine would run it as something it is not; "
+                "serve this head with specheads"
+            )

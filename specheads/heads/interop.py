@@ -42,6 +42,7 @@ from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleConfig, EagleDrafter, default_eagle3_layer_ids
 from specheads.heads.export_checks import (
     ExportError,
+    check_computes_as_llama,
     check_llama_layer,
     check_no_logit_finish,
     check_reads_last_hidden_state,
@@ -133,7 +134,9 @@ def _eagle3_checkpoint(
     draft_vocab = head.draft_vocab_size
     tensors["d2t"] = head.d2t - torch.arange(draft_vocab, device=head.d2t.device)  # offsets, as the engines read them
     tensors["t2d"] = head.t2d >= 0
-    return _eagle3_config(head, target, engine), tensors
+    config = _eagle3_config(head, target, engine)
+    check_computes_as_llama(head, config)
+    return config, tensors
 
 
 def _eagle1_checkpoint(
@@ -167,6 +170,7 @@ def _eagle1_checkpoint(
         tensors["fc.bias"] = head.fc.weight.new_zeros(head.fc.out_features)
     config = _llama_draft_config(head, target, ["LlamaForCausalLM"])
     config["specheads"] = {"head_type": "eagle", "version": 1, "layer_ids": list(head.layer_ids)}
+    check_computes_as_llama(head, config)
     return config, tensors
 
 

@@ -43,10 +43,32 @@ def test_the_refused_target_would_really_decode_other_tokens(monkeypatch):
     assert generator.generate(PROMPT, max_new_tokens=24).token_ids != expected
 
 
+@pytest.mark.parametrize("model_type, options", [("bloom", {}), ("falcon", dict(alibi=True))])
+def test_a_target_whose_forward_cannot_take_a_tree_is_refused_with_the_reason(model_type, options):
+    """BLOOM and ALiBi Falcon build their biases from a 2D padding mask and fail on a 4D tree mask deep inside their
+    forward; generator construction turns that into a refusal that says what the verifier feeds the target."""
+    target = tiny_family(model_type, **options)
+    refusal = r"forward fails on a draft tree \(ValueError: .*4D additive.*generate"
+    with pytest.raises(ValueError, match=refusal) as info:
+        SpeculativeGenerator(target, TinyTokenizer())
+    assert info.value.__cause__ is not None  # the family's own error stays attached
+
+
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_every_family_the_suite_decodes_passes_the_probe(name):
+def test_every_family_the_suite_decodes_passes_the_probe_and_decodes_its_own_tokens(name):
+    """All 46 tested families (MoE, latent attention, attention sinks, learned absolute positions, parallel blocks,
+    sliding windows, ...) give each tree node its path's logits, and a Medusa head over a wide tree with the target's
+    own continuation planted in it (accepted through later siblings) decodes exactly their greedy tokens."""
     target = tiny_named(name)
     assert tree_exactness_gap(target, attention_layout(target)) < 1e-5  # fp32: rounding only
+    target.generation_config.eos_token_id = None
+    expected = greedy_continuation(target, PROMPT, 24)
+    torch.manual_seed(0)
+    medusa = MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=3), target).eval(), static_tree(WIDE_TREE))
+    planted = PlantedDrafter(medusa, expected, every=1)
+    result = SpeculativeGenerator(target, TinyTokenizer(), planted).generate(PROMPT, max_new_tokens=24)
+    assert result.token_ids == expected
+    assert result.stats.target_forwards <= 1 + 24 // 3  # the planted paths were accepted, not only bonus tokens
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

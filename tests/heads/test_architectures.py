@@ -16,11 +16,16 @@ from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from specheads.heads.interop import ExportError, export_head
 from specheads.heads.masks import causal_additive_mask
 from tests.decoding.helpers import TinyTokenizer
-from tests.tiny_models import TINY_FAMILY_CONFIG
+from tests.tiny_models import ARCHITECTURES, EAGLE_REFUSED, TINY_FAMILY_CONFIG
 from tests.tiny_models import tiny_named as tiny
 
-LLAMA_STYLE = "mistral qwen2 glm stablelm starcoder2 granite olmo smollm3 qwen3_moe seed_oss arcee".split()
+LLAMA_STYLE = (
+    "mistral qwen2 glm stablelm starcoder2 granite olmo smollm3 qwen3_moe seed_oss arcee gpt_oss mixtral qwen2_moe "
+    "olmoe hunyuan_v1_dense ministral helium ernie4_5 nemotron"
+).split()
 """Families whose decoder layer the drafter wires as a Llama-style pre-norm block (beyond Llama, Qwen3 and Phi-3)."""
+EAGLE1_ONLY = ["deepseek_v3", "persimmon"]
+"""Llama-style blocks whose attention has no separate q/k/v projections for EAGLE-3 to widen (latent, fused)."""
 
 
 @pytest.mark.parametrize(
@@ -92,7 +97,41 @@ def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
     EagleDrafter(EagleConfig(version=1), target)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3", *LLAMA_STYLE])
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_eagle_drafters_build_on_exactly_the_families_they_wire(name):
+    """Across every tested family, EAGLE-1 and EAGLE-3 refuse exactly the layers they do not wire (GPT-2's, Falcon's,
+    post-norm Olmo3's, ...) with the reason, and build on every other one."""
+    target = tiny(name)
+    for version in (1, 3):
+        if name in EAGLE_REFUSED[version]:
+            with pytest.raises(UnsupportedTargetError, match="Medusa heads and draft models work with this target"):
+                EagleDrafter(EagleConfig(version=version), target)
+        else:
+            EagleDrafter(EagleConfig(version=version), target)
+
+
+@pytest.mark.parametrize("name", sorted(set(ARCHITECTURES) - EAGLE_REFUSED[1]))
+def test_a_fresh_drafter_starts_from_its_familys_initialisation_not_from_stale_memory(name, monkeypatch):
+    """Fused MoE experts and routers (Qwen3-MoE, Mixtral, OLMoE, GPT-OSS) and GPT-OSS's attention sinks are
+    ``torch.empty`` parameters that only the model's ``_init_weights`` fills; GPT-OSS's drafter once started at ~1e29
+    and never trained. With every ``torch.empty`` poisoned with NaN, no parameter of a new drafter may keep it."""
+    target = tiny(name)
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        tensor = empty(*args, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    for version in (1,) if name in EAGLE_REFUSED[3] else (1, 3):
+        drafter = EagleDrafter(EagleConfig(version=version), target)
+        stale = [n for n, p in drafter.named_parameters() if not p.isfinite().all()]
+        assert not stale, (version, stale)
+
+
+@pytest.mark.parametrize(
+    "model_type", ["llama", "gemma", "gemma2", "gemma3_text", "qwen3", "phi3", *LLAMA_STYLE, *EAGLE1_ONLY]
+)
 def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_type):
     """EAGLE-1's block is the target's decoder layer applied to fc(embedding, feature). The drafter wires the
     layer's submodules itself (EAGLE-3 widens attention's input), so with every weight random (Gemma's norms start
@@ -116,8 +155,11 @@ def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_typ
     assert hidden.abs().mean() > 0.1  # not a degenerate all-zero comparison
 
 
-@pytest.mark.parametrize("model_type", ["gemma2", "gemma3_text", *LLAMA_STYLE])
-@pytest.mark.parametrize("version", [1, 3])
+@pytest.mark.parametrize(
+    "model_type, version",
+    [(name, version) for name in ["gemma2", "gemma3_text", *LLAMA_STYLE] for version in (1, 3)]
+    + [(name, 1) for name in EAGLE1_ONLY],
+)
 def test_eagle_decodes_exactly_the_targets_greedy_tokens(model_type, version):
     """An EAGLE drafter on a Gemma2/3 target (soft-capped logits, sliding-window layers, Gemma3's two rotary
     embeddings) or a Llama-style one (Mistral past its window, Granite's scaled logits, Qwen3-MoE's experts, ...)
