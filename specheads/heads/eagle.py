@@ -17,11 +17,14 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, LlamaConfig, PretrainedConfig, PreTrainedModel
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
 from specheads.heads.base import DraftHead
 from specheads.heads.borrowed import UnsupportedTargetError, borrow, decoder_layer_parts
@@ -51,6 +54,15 @@ class EagleConfig(HeadConfig):
     skip it (``false``, needed by ``specheads export``); heads measured in docs/results.md kept it."""
     fc_bias: bool = True
     """EAGLE-1 only: a bias on fc, as in the reference and SGLang; vLLM's EAGLE-1 drafter has none (``false``)."""
+    draft_layer: str = "target"
+    """The drafter's decoder layer. ``target``: an instance of the target's own decoder-layer class (Llama-style and
+    Gemma2/3 layers; others are refused). ``llama``: a Llama layer with the target's sizes and rotary settings, as
+    SpecForge and the EAGLE-3 reference give every target: it builds on any family (MoE, GPT-2, Falcon, ...), is a
+    dense layer on an MoE target, and exports to vLLM and SGLang whatever the family. The same layer on Llama
+    targets."""
+    llama_layer: dict[str, Any] = field(default_factory=dict)
+    """``draft_layer=llama`` only: the layer's ``LlamaConfig`` settings (``LLAMA_LAYER_SETTINGS``), read from the
+    target when left empty and saved with the head."""
 
 
 def build_vocab_maps(
@@ -93,14 +105,27 @@ class EagleDrafter(DraftHead):
         self._check_layer_ids(record)
         hidden, dtype = record.hidden_size, default_dtype_of(target)
         self.borrowed = borrow(target)
-        layer_cls, rotary_cls = decoder_layer_parts(target)
-        layer_config = copy.deepcopy(target.config.get_text_config())
-        if getattr(layer_config, "layer_types", None):  # the drafter's layer sees the whole prefix, as EAGLE's does
-            layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
-        self.layer = layer_cls(layer_config, 0)
-        _initialise_as_the_target_does(self.layer, target)
+        if config.draft_layer == LLAMA_LAYER:
+            config.llama_layer = config.llama_layer or llama_layer_settings(target.config.get_text_config())
+            layer_config = llama_layer_config(config.llama_layer, record, target.config._attn_implementation)
+            self.layer = LlamaDecoderLayer(layer_config, 0)  # torch's own init: Linear projections, unit norms
+            self.rotary = LlamaRotaryEmbedding(config=layer_config)
+        elif config.draft_layer == TARGET_LAYER:
+            if config.llama_layer:
+                raise HeadConfigError("llama_layer applies to draft_layer='llama'; drop it or set draft_layer: llama")
+            layer_cls, rotary_cls = decoder_layer_parts(target)
+            layer_config = copy.deepcopy(target.config.get_text_config())
+            if getattr(layer_config, "layer_types", None):  # the drafter's layer sees the whole prefix, as EAGLE's
+                layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
+            self.layer = layer_cls(layer_config, 0)
+            _initialise_as_the_target_does(self.layer, target)
+            self.rotary = rotary_cls(config=layer_config)
+        else:
+            raise HeadConfigError(
+                f"EagleConfig.draft_layer must be one of {DRAFT_LAYERS}, found {config.draft_layer!r}: 'target' builds "
+                "the drafter's layer from the target's own class, 'llama' builds a Llama layer for any target"
+            )
         self.layer.to(dtype)
-        self.rotary = rotary_cls(config=layer_config)
         self.rotary_args = _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
         self.residual_multiplier = float(getattr(self.layer, RESIDUAL_MULTIPLIER, 1.0))  # Granite's; others' 1
         if config.version == 1:
@@ -254,6 +279,77 @@ class EagleDrafter(DraftHead):
         if config.version == 3 and config.draft_vocab_size not in (None, config.target.vocab_size):
             d2t = torch.arange(config.draft_vocab_size)
         return cls(config, target, d2t=d2t)
+
+
+TARGET_LAYER, LLAMA_LAYER = "target", "llama"
+DRAFT_LAYERS = (TARGET_LAYER, LLAMA_LAYER)
+LLAMA_LAYER_SETTINGS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "rope_parameters",
+    "max_position_embeddings",
+)
+"""What ``EagleConfig.llama_layer`` holds: the drafter's Llama layer's shapes, rotary and norm settings. The rest
+of the layer is Llama's: SiLU MLP, no biases."""
+NORM_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+"""Config names families give their norms' epsilon (Llama-style, Falcon/StableLM, GPT-2/BLOOM, Nemotron-H)."""
+
+
+def llama_layer_settings(text: PretrainedConfig) -> dict[str, Any]:
+    """A Llama drafter layer's settings (``LLAMA_LAYER_SETTINGS``) for a target (its text config) or read off a
+    Llama EAGLE checkpoint's config: the hidden, MLP and head sizes, the query and key/value heads, the rotary base
+    and scaling (the full-attention layers' on a family with one set per layer type, Gemma3's; Llama's default where
+    the target has none, as GPT-2; partial rotary dropped: a Llama layer rotates whole heads) and the norm epsilon."""
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)
+    rope = dict(getattr(text, "rope_parameters", None) or {})
+    if isinstance(rope.get(FULL_ATTENTION), dict):
+        rope = dict(rope[FULL_ATTENTION])
+    rope.pop("partial_rotary_factor", None)
+    if rope.get("rope_type", "default") != "default" and rope.get("rope_type") not in ROPE_INIT_FUNCTIONS:
+        rope = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
+    epsilons = [getattr(text, name, None) for name in NORM_EPSILONS]
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": int(getattr(text, "intermediate_size", None) or 4 * hidden),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(text, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(text, "head_dim", None) or hidden // heads),
+        "rms_norm_eps": float(next((e for e in epsilons if isinstance(e, (int, float))), 1e-6)),
+        "rope_parameters": rope if "rope_theta" in rope else {"rope_type": "default", "rope_theta": 10000.0},
+        "max_position_embeddings": int(getattr(text, "max_position_embeddings", None) or 4096),
+    }
+
+
+def llama_layer_config(settings: dict[str, Any], record: TargetRecord, attn_implementation: str) -> LlamaConfig:
+    """The one-layer ``LlamaConfig`` of a Llama drafter layer with ``settings`` (``llama_layer_settings``)."""
+    unknown, missing = (
+        sorted(set(settings) - set(LLAMA_LAYER_SETTINGS)),
+        sorted(set(LLAMA_LAYER_SETTINGS) - set(settings)),
+    )
+    if unknown or missing:
+        raise HeadConfigError(
+            f"EagleConfig.llama_layer: unknown keys {unknown}, missing {missing}; it holds exactly "
+            f"{list(LLAMA_LAYER_SETTINGS)} (leave it empty to read them from the target)"
+        )
+    if settings["hidden_size"] != record.hidden_size:
+        raise HeadConfigError(
+            f"EagleConfig.llama_layer.hidden_size is {settings['hidden_size']}, the target's hidden size "
+            f"{record.hidden_size}: the drafter's layer reads and writes the target's features"
+        )
+    config = LlamaConfig(
+        **settings,
+        vocab_size=record.vocab_size,
+        num_hidden_layers=1,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+    )
+    config._attn_implementation = attn_implementation
+    return config
 
 
 def _initialise_as_the_target_does(layer: nn.Module, target: PreTrainedModel) -> None:

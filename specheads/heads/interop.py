@@ -39,7 +39,14 @@ from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead, make_read
 from specheads.heads.card import base_model_id
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
-from specheads.heads.eagle import EagleConfig, EagleDrafter, default_eagle3_layer_ids
+from specheads.heads.eagle import (
+    LLAMA_LAYER,
+    EagleConfig,
+    EagleDrafter,
+    default_eagle3_layer_ids,
+    llama_layer_config,
+    llama_layer_settings,
+)
 from specheads.heads.export_checks import (
     ExportError,
     check_computes_as_llama,
@@ -130,12 +137,11 @@ def _eagle3_checkpoint(
             tensors[EAGLE3_LAYER_PREFIX + name] = tensor
         elif name in ("fc.weight", "norm.weight", "lm_head.weight"):
             tensors[name] = tensor
-    check_llama_layer(head, tensors, EAGLE3_LAYER_PREFIX, _LLAMA_LAYER_TENSORS)
     draft_vocab = head.draft_vocab_size
     tensors["d2t"] = head.d2t - torch.arange(draft_vocab, device=head.d2t.device)  # offsets, as the engines read them
     tensors["t2d"] = head.t2d >= 0
     config = _eagle3_config(head, target, engine)
-    check_computes_as_llama(head, config)
+    _check_runs_as_llama(head, tensors, EAGLE3_LAYER_PREFIX, _LLAMA_LAYER_TENSORS, config)
     return config, tensors
 
 
@@ -162,7 +168,6 @@ def _eagle1_checkpoint(
         for name in _LLAMA_LAYER_TENSORS
         if not name.endswith(("hidden_norm.weight", "input_layernorm.weight"))
     }
-    check_llama_layer(head, tensors, "layers.0.", expected)
     tensors["fc.weight"] = head.fc.weight
     if head.fc.bias is not None:
         tensors["fc.bias"] = head.fc.bias
@@ -170,8 +175,25 @@ def _eagle1_checkpoint(
         tensors["fc.bias"] = head.fc.weight.new_zeros(head.fc.out_features)
     config = _llama_draft_config(head, target, ["LlamaForCausalLM"])
     config["specheads"] = {"head_type": "eagle", "version": 1, "layer_ids": list(head.layer_ids)}
-    check_computes_as_llama(head, config)
+    _check_runs_as_llama(head, tensors, "layers.0.", expected, config)
     return config, tensors
+
+
+def _check_runs_as_llama(
+    head: EagleDrafter, tensors: dict[str, torch.Tensor], prefix: str, expected: set | frozenset, config: dict
+) -> None:
+    """The engines run the drafter's layer as a Llama layer: its tensors, then its numbers, must be one's. A layer
+    built from the target's class that is not says how to train one that exports."""
+    try:
+        check_llama_layer(head, tensors, prefix, expected)
+        check_computes_as_llama(head, config)
+    except ExportError as error:
+        if head.config.draft_layer == LLAMA_LAYER:
+            raise
+        raise ExportError(
+            f"{error}. Train the head with head.options.draft_layer=llama (a Llama layer with this target's sizes, "
+            "as SpecForge's drafters are) to export it for this target"
+        ) from error
 
 
 def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> dict[str, Any]:
@@ -192,28 +214,20 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
 
 
 def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectures: list[str]) -> dict[str, Any]:
-    """A one-layer ``LlamaConfig`` (as a dict) with the target's shapes, rotary and norm settings."""
+    """A one-layer ``LlamaConfig`` (as a dict) with the drafter layer's shapes, rotary and norm settings: its own
+    (``draft_layer=llama``) or those a Llama layer for the target would have (``draft_layer=target``, whose layer
+    ``check_computes_as_llama`` then holds to them)."""
     text = target.config.get_text_config()
-    record = head.config.target
-    config = LlamaConfig(
-        vocab_size=record.vocab_size,
-        hidden_size=record.hidden_size,
-        intermediate_size=text.intermediate_size,
-        num_hidden_layers=1,
-        num_attention_heads=text.num_attention_heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", text.num_attention_heads),
-        head_dim=getattr(text, "head_dim", None),
-        hidden_act=text.hidden_act,
-        max_position_embeddings=text.max_position_embeddings,
-        rms_norm_eps=text.rms_norm_eps,
-        rope_parameters=getattr(text, "rope_parameters", None),
-        attention_bias=False,
-        mlp_bias=False,
+    settings = head.config.llama_layer or llama_layer_settings(text)
+    config = llama_layer_config(settings, head.config.target, "eager").to_dict()
+    config.update(
         tie_word_embeddings=False,  # SGLang would otherwise use the embedding as the (draft-vocabulary) lm_head
         bos_token_id=text.bos_token_id,
         eos_token_id=text.eos_token_id,
         pad_token_id=text.pad_token_id,
-    ).to_dict()
+    )
+    config.pop("_attn_implementation", None)
+    config.pop("attn_implementation", None)
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in rope:
         # transformers 4.x, which the engines read configs with, knows only the flat keys: without them it would
@@ -222,6 +236,7 @@ def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectur
         if rope.get("rope_type", "default") != "default":
             config["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     config["architectures"] = architectures
+    record = head.config.target
     config["base_model_name_or_path"] = base_model_id(record.name_or_path) or record.name_or_path
     return config
 
@@ -283,7 +298,11 @@ def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -
         hint = f"; found {pickles}, which specheads does not unpickle: convert them to safetensors" if pickles else ""
         raise HeadLoadError(f"{folder} has no {WEIGHTS_NAME}{hint}")
     tensors = safetensors.torch.load_file(str(weights))
-    config = EagleConfig(version=3, layer_ids=_eagle3_layer_ids(meta, target))
+    # the engines' EAGLE-3 drafter is a Llama layer whatever the target, with the checkpoint's own settings
+    layer = llama_layer_settings(LlamaConfig.from_dict(meta))
+    config = EagleConfig(
+        version=3, layer_ids=_eagle3_layer_ids(meta, target), draft_layer=LLAMA_LAYER, llama_layer=layer
+    )
     config.draft_vocab_size = int(meta.get("draft_vocab_size") or meta["vocab_size"])
     _check_eagle3_shapes(meta, target, folder)
     if "d2t" not in tensors and config.draft_vocab_size != target.config.get_text_config().vocab_size:
@@ -339,7 +358,6 @@ def _check_eagle3_shapes(meta: dict[str, Any], target: PreTrainedModel, folder: 
     if meta.get("num_hidden_layers", 1) != 1:
         raise HeadLoadError(f"{folder}: {meta['num_hidden_layers']} drafter layers; specheads' EAGLE-3 drafter has one")
     wanted = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
-    wanted["intermediate_size"] = text.intermediate_size  # the drafter layer is built from the target's config
     wrong = [
         f"{key}: checkpoint {meta.get(key)}, target {value}" for key, value in wanted.items() if meta.get(key) != value
     ]

@@ -7,12 +7,15 @@ with eager (found by training heads for tiny Gemma, Gemma2, Gemma3 and Phi-3 tar
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from specheads.decoding import SpeculativeGenerator, build_drafter
-from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, UnsupportedTargetError
+from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, UnsupportedTargetError, load_head
+from specheads.heads.config import HeadConfigError
 from specheads.heads.interop import ExportError, export_head
 from specheads.heads.masks import causal_additive_mask
 from tests.decoding.helpers import TinyTokenizer
@@ -127,6 +130,43 @@ def test_a_fresh_drafter_starts_from_its_familys_initialisation_not_from_stale_m
         drafter = EagleDrafter(EagleConfig(version=version), target)
         stale = [n for n, p in drafter.named_parameters() if not p.isfinite().all()]
         assert not stale, (version, stale)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "gpt2", "gemma3_text", "gpt_oss"])
+def test_a_llama_layer_drafter_saves_its_layer_settings_and_reloads_identically(tmp_path, name):
+    """``draft_layer=llama`` on an MoE, a GPT-2 (no rotary, no ``.layers``), a Gemma3 (one rotary per layer type) and
+    a GPT-OSS (YaRN) target: a dense Llama layer with the target's sizes and its full-attention rotary, whose
+    settings are saved in config.json, so the head reloads as the same layer and computes the same numbers."""
+    target = tiny(name)
+    torch.manual_seed(0)
+    head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
+    text = target.config.get_text_config()
+    assert type(head.layer).__name__ == "LlamaDecoderLayer" and head.layer.mlp.gate_proj.in_features == 64
+    settings = head.config.llama_layer
+    assert settings["num_attention_heads"] == text.num_attention_heads
+    rope = dict(text.rope_parameters or {}) if name != "gpt2" else {"rope_theta": 10000.0}  # GPT-2: Llama's default
+    rope = rope.get("full_attention", rope)  # Gemma3: the global layers' rotary
+    assert settings["rope_parameters"]["rope_theta"] == rope["rope_theta"]
+    head.save_pretrained(tmp_path / "head")
+    saved = json.loads((tmp_path / "head" / "config.json").read_text())["config"]
+    assert saved["draft_layer"] == "llama" and saved["llama_layer"] == settings
+    loaded = load_head(tmp_path / "head", target)
+    features, ids, positions = torch.randn(1, 6, 64), torch.randint(0, 128, (1, 6)), torch.arange(3, 9)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(features, ids, positions), head(features, ids, positions), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(draft_layer="mlp"), "draft_layer must be one of \\('target', 'llama'\\), found 'mlp'"),
+        (dict(llama_layer={"hidden_size": 64}), "llama_layer applies to draft_layer='llama'"),
+        (dict(draft_layer="llama", llama_layer={"hidden_size": 64}), "missing \\['head_dim', 'intermediate_size'"),
+    ],
+)
+def test_draft_layer_settings_that_cannot_build_a_layer_are_refused(options, message):
+    with pytest.raises(HeadConfigError, match=message):
+        EagleDrafter(EagleConfig(version=3, **options), tiny("llama"))
 
 
 @pytest.mark.parametrize(

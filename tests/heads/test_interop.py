@@ -26,8 +26,9 @@ from specheads.heads import (
     build_vocab_maps,
     load_head,
 )
+from specheads.heads.borrowed import LogitTransform, logit_transform
 from specheads.heads.config import HeadConfigError, HeadLoadError
-from specheads.heads.interop import ExportError, export_head
+from specheads.heads.interop import ExportError, export_head, load_eagle3_checkpoint
 
 
 def _randomise(module: nn.Module, seed: int = 1) -> None:
@@ -38,11 +39,11 @@ def _randomise(module: nn.Module, seed: int = 1) -> None:
             param.copy_(torch.randn(param.shape, generator=generator) * 0.2 + (1.0 if param.ndim == 1 else 0.0))
 
 
-def _eagle3_head(target, draft_vocab=32, layer_ids=None):
+def _eagle3_head(target, draft_vocab=32, layer_ids=None, draft_layer="target"):
     d2t, _ = build_vocab_maps(
         torch.randint(0, 60, (800,), generator=torch.Generator().manual_seed(0)), 128, draft_vocab
     )
-    config = EagleConfig(version=3, draft_vocab_size=draft_vocab, layer_ids=layer_ids or [])
+    config = EagleConfig(version=3, draft_vocab_size=draft_vocab, layer_ids=layer_ids or [], draft_layer=draft_layer)
     head = EagleDrafter(config, target, d2t=d2t).eval()
     _randomise(head)
     return head
@@ -234,8 +235,9 @@ def test_draft_model_exports_as_a_plain_transformers_model(tmp_path):
     assert next(head.parameters()).dtype == torch.float32, "exporting in bf16 must not cast the caller's head"
 
 
-def _eagle1_head(target, fc_bias):
-    head = EagleDrafter(EagleConfig(version=1, input_norm=False, fc_bias=fc_bias), target).eval()
+def _eagle1_head(target, fc_bias, draft_layer="target"):
+    config = EagleConfig(version=1, input_norm=False, fc_bias=fc_bias, draft_layer=draft_layer)
+    head = EagleDrafter(config, target).eval()
     _randomise(head)
     return head
 
@@ -412,3 +414,39 @@ def test_heads_fed_another_hidden_state_than_the_last_are_refused(tmp_path):
     eagle1 = EagleDrafter(EagleConfig(version=1, input_norm=False, layer_ids=[1]), target)
     with pytest.raises(ExportError, match="last hidden state"):
         export_head(eagle1, target, tmp_path, engine="sglang")
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("version", [1, 3])
+def test_a_llama_layer_head_on_every_family_exports_what_the_engines_compute(tmp_path, name, version):
+    """``draft_layer=llama`` (SpecForge's drafters): an EAGLE head on any tested family, MoE, GPT-2 or Falcon included,
+    exports, the engines' drafter rebuilt from the files alone computes its logits, and an EAGLE-3 export loads back
+    as the same head. Only families that finish their logits after the lm_head stay refused."""
+    target = tiny_named(name)
+    if version == 1:
+        head = _eagle1_head(target, fc_bias=False, draft_layer="llama")
+    else:
+        head = _eagle3_head(target, draft_layer="llama")
+    assert type(head.layer) is LlamaDecoderLayer
+    if logit_transform(target) != LogitTransform():
+        with pytest.raises(ExportError, match="finishes its logits after the lm_head"):
+            export_head(head, target, tmp_path / "out", engine="vllm")
+        return
+    export_head(head, target, tmp_path / "out", engine="vllm")
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
+    if version == 1:
+        engine_logits, _, _ = _engine_eagle1_logits(tmp_path / "out", target, ids)
+        _, expected = head(head.fuse(target(ids, output_hidden_states=True).hidden_states), ids, torch.arange(9)[None])
+    else:
+        engine_logits, _, _ = _engine_eagle3_logits(tmp_path / "out", target, ids)
+        expected = _head_logits(head, target, ids)
+        loaded = load_eagle3_checkpoint(tmp_path / "out", target)
+        assert loaded.config.llama_layer == head.config.llama_layer
+        torch.testing.assert_close(_head_logits(loaded, target, ids), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(engine_logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_target_layer_that_does_not_export_points_to_the_llama_layer(tmp_path):
+    target = tiny_named("qwen2")  # q/k/v biases: not a Llama layer
+    with pytest.raises(ExportError, match="extra tensors .*Train the head with head.options.draft_layer=llama"):
+        export_head(_eagle3_head(target), target, tmp_path / "out", engine="vllm")

@@ -1,8 +1,9 @@
-"""EAGLE heads for targets of other families, end to end on files: a tiny random Gemma2, Gemma3 or GPT-OSS saved to
+"""EAGLE heads for targets of other families, end to end on files: a tiny random Gemma2, Gemma3, GPT-OSS or GPT-2 saved to
 disk (SmolLM2's tokenizer), an EAGLE-3 head trained on it through the real loop from the training config (its loss
 falls), loaded back strictly and decoded. Gemma2 refuses sdpa and loads with eager; Gemma3 has sliding-window
 layers with their own rotary embedding, and soft-capped logits; GPT-OSS has attention sinks, sliding and full
-layers, and a sparse MLP that returns its router scores beside its output (the drafter once crashed on it)."""
+layers, and a sparse MLP that returns its router scores beside its output (the drafter once crashed on it); GPT-2
+has no layer the drafter wires, and trains one with ``head.options.draft_layer=llama``."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ FAMILIES = {
     "gpt_oss": dict(initializer_range=0.5, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16),
 }
 LEARNING_RATES = {"gpt_oss": 1e-2}  # its larger logits take a larger step to fall as far in 24 steps (by 13.5%)
+FAMILIES["gpt2"] = dict(initializer_range=0.2)  # no decoder layer an EAGLE drafter wires: a Llama layer instead
+OPTIONS = {"gpt2": ["head.options.draft_layer=llama"]}
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
@@ -52,6 +55,7 @@ def test_an_eagle3_head_trains_on_another_family_and_decodes_its_greedy_tokens(m
         ),
         "loss.ttt_steps=2",
         "head.options.draft_vocab_size=4096",
+        *OPTIONS.get(model_type, []),
     ]
     result = train(load_config(REPO / "configs" / "eagle3" / "smollm2-135m.yaml", overrides))
     before, after = result.history[0], result.history[-1]
@@ -62,6 +66,7 @@ def test_an_eagle3_head_trains_on_another_family_and_decodes_its_greedy_tokens(m
 
     target, tokenizer = load_target(target_dir)
     head = load_head(out, target)
+    assert (type(head.layer).__name__ == "LlamaDecoderLayer") == (model_type == "gpt2")
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three colours."}], add_generation_prompt=True, return_tensors="pt"
     )
