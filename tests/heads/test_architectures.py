@@ -156,6 +156,22 @@ def test_a_llama_layer_drafter_saves_its_layer_settings_and_reloads_identically(
         torch.testing.assert_close(loaded(features, ids, positions), head(features, ids, positions), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("version", [1, 3])
+def test_on_a_llama_target_the_llama_layer_is_the_target_layer(version):
+    """The two ``draft_layer`` choices build the same drafter on a Llama target: same tensors from the same seed,
+    same numbers (so SmolLM2's heads are what either setting trains)."""
+    target = tiny("llama")
+    drafters = []
+    for draft_layer in ("target", "llama"):
+        torch.manual_seed(0)
+        drafters.append(EagleDrafter(EagleConfig(version=version, draft_layer=draft_layer), target).eval())
+    own, llama = (drafter.state_dict() for drafter in drafters)
+    assert own.keys() == llama.keys() and all(torch.equal(own[name], llama[name]) for name in own)
+    features, ids, positions = torch.randn(1, 6, 64), torch.randint(0, 128, (1, 6)), torch.arange(3, 9)[None]
+    with torch.no_grad():
+        torch.testing.assert_close(drafters[1](features, ids, positions), drafters[0](features, ids, positions))
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -1,6 +1,6 @@
-"""EAGLE heads for targets of other families, end to end on files: a tiny random Gemma2, Gemma3, GPT-OSS or GPT-2 saved to
-disk (SmolLM2's tokenizer), an EAGLE-3 head trained on it through the real loop from the training config (its loss
-falls), loaded back strictly and decoded. Gemma2 refuses sdpa and loads with eager; Gemma3 has sliding-window
+"""EAGLE heads for targets of other families, end to end on files: a tiny random Gemma2, Gemma3, GPT-OSS or GPT-2
+saved to disk (SmolLM2's tokenizer), an EAGLE-3 head trained on it through the real loop from the training config
+(its loss falls), loaded back strictly and decoded. Gemma2 refuses sdpa and loads with eager; Gemma3 has sliding-window
 layers with their own rotary embedding, and soft-capped logits; GPT-OSS has attention sinks, sliding and full
 layers, and a sparse MLP that returns its router scores beside its output (the drafter once crashed on it); GPT-2
 has no layer the drafter wires, and trains one with ``head.options.draft_layer=llama``."""
