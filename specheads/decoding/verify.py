@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specheads.decoding.kv_cache import commit_path, new_cache, window_start
 from specheads.decoding.tree import ancestor_matrix, tree_attention_mask
-
-SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
+from specheads.heads.tree_layers import GENERATE_INSTEAD, SLIDING, tree_obstacle
 
 
 @dataclass(frozen=True)
@@ -36,26 +34,14 @@ class AttentionLayout:
 def attention_layout(target: PreTrainedModel) -> AttentionLayout:
     """How ``target``'s layers attend, read from the cache transformers would build for it and its config.
 
-    Only attention layers take a tree: a recurrent layer (linear attention, a state-space or convolution layer, as in
-    Qwen3-Next, Jamba, LFM2, Falcon-H1) folds every node it is fed into one state, whatever the mask says, and that
-    state cannot be cut back to the accepted path; chunked attention (Llama 4) needs a mask this verifier does not
-    build. Such targets are refused here, before anything is decoded."""
+    Targets whose layers cannot take a tree at all (recurrent or chunked-attention layers: ``heads.tree_layers``)
+    are refused here, before anything is decoded."""
+    reason = tree_obstacle(target)
+    if reason is not None:
+        raise ValueError(f"{reason}. {GENERATE_INSTEAD}")
     name = type(target).__name__
     cache = DynamicCache(config=target.config)
-    layers = {type(layer).__name__ for layer in cache.layers}
-    if not layers <= {DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__}:
-        raise ValueError(
-            f"{name} has cache layers of kinds {sorted(layers)}: recurrent layers (linear attention, state-space or "
-            "convolution) fold every tree node they are fed into one state, which cannot be rolled back to the "
-            "accepted path, so tree verification would not be exact. Expected attention layers only (full or "
-            "sliding-window). Decode this target with transformers' generate"
-        )
     kinds = set(getattr(target.config.get_text_config(), "layer_types", None) or [])
-    if not kinds <= {SLIDING, FULL}:
-        raise ValueError(
-            f"{name} has layers of types {sorted(kinds)}; tree verification masks '{SLIDING}' and '{FULL}' layers "
-            "only. Decode this target with transformers' generate"
-        )
     windows = {int(layer.sliding_window) for layer in cache.layers if getattr(layer, "is_sliding", False)}
     if len(windows) > 1:
         raise ValueError(

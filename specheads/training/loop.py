@@ -33,6 +33,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
 from specheads.heads.borrowed import warn_on_unknown_logit_finish
+from specheads.heads.tree_layers import warn_if_trees_cannot_be_verified
 from specheads.target import load_target
 from specheads.training.accumulation import accumulation_rounds, micro_batches, token_weights
 from specheads.training.checkpoint import (
@@ -95,6 +96,7 @@ def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) ->
     With ``head.init_from`` the saved head is loaded instead (its config and, for EAGLE-3, its draft vocabulary).
     """
     warn_on_unknown_logit_finish(target)
+    warn_if_trees_cannot_be_verified(target)
     if cfg.head.init_from:
         return _warm_start(cfg, target)
     return _fresh_head(cfg, target, train_dataset).float()

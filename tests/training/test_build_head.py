@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from tiny_models import make_tiny_llama
 from train_helpers import REPO
@@ -28,3 +30,18 @@ def test_eagle1_refuses_a_draft_vocabulary():
     cfg = load_config(REPO / "configs" / "eagle1" / "smollm2-135m.yaml", ["head.options.draft_vocab_size=16"])
     with pytest.raises(HeadConfigError, match=r"draft_vocab_size=16 applies to EAGLE-3.*Drop draft_vocab_size"):
         build_head(cfg, make_tiny_llama(vocab_size=128), None)
+
+
+def test_training_on_a_target_the_decoder_would_refuse_warns_first():
+    """LFM2's convolution layers fold every tree node into one state: specheads' decoder refuses such a target, and
+    training says so before the run, with the same reason (a Medusa head on it is still built and trainable)."""
+    from tiny_models import tiny_family
+
+    target = tiny_family("lfm2", layer_types=["conv", "full_attention"])
+    cfg = load_config(REPO / "configs" / "medusa" / "smollm2-135m.yaml")
+    with pytest.warns(UserWarning, match=r"LinearAttentionLayer.*specheads' decoder will refuse this target"):
+        head = build_head(cfg, target, None)
+    assert head.num_heads > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_head(cfg, make_tiny_llama(), None)  # an attention-only target: no such warning

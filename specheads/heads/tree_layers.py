@@ -1,0 +1,52 @@
+"""Whether a target's layers can take a draft tree at all: read from the cache transformers builds for it, so
+training can say so before hours are spent on a head that specheads' decoder would refuse (decoding refuses such
+a target with the same reason)."""
+
+from __future__ import annotations
+
+import warnings
+
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
+ATTENTION_CACHE_LAYERS = (DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__)
+
+GENERATE_INSTEAD = "Decode this target with transformers' generate"
+
+
+def tree_obstacle(target: PreTrainedModel) -> str | None:
+    """Why ``target``'s layers cannot verify a tree, or None when they all can.
+
+    Only attention layers take a tree: a recurrent layer (linear attention, a state-space or convolution layer, as in
+    Qwen3-Next, Jamba, LFM2, Falcon-H1) folds every node it is fed into one state, whatever the mask says, and that
+    state cannot be cut back to the accepted path; chunked attention (Llama 4) needs a mask the verifier does not
+    build."""
+    name = type(target).__name__
+    kinds = {type(layer).__name__ for layer in DynamicCache(config=target.config).layers}
+    if not kinds <= set(ATTENTION_CACHE_LAYERS):
+        return (
+            f"{name} has cache layers of kinds {sorted(kinds)}: recurrent layers (linear attention, state-space or "
+            "convolution) fold every tree node they are fed into one state, which cannot be rolled back to the "
+            "accepted path, so tree verification would not be exact. Expected attention layers only (full or "
+            "sliding-window)"
+        )
+    types = set(getattr(target.config.get_text_config(), "layer_types", None) or [])
+    if not types <= {SLIDING, FULL}:
+        return (
+            f"{name} has layers of types {sorted(types)}; tree verification masks '{SLIDING}' and '{FULL}' layers only"
+        )
+    return None
+
+
+def warn_if_trees_cannot_be_verified(target: PreTrainedModel) -> None:
+    """Training's early word on a target that specheads' decoder will refuse (the head can still be exported)."""
+    reason = tree_obstacle(target)
+    if reason is not None:
+        warnings.warn(
+            f"{reason}. specheads' decoder will refuse this target, so a head trained on it cannot be decoded or "
+            "benchmarked with specheads; it can still be saved and exported for an engine that drafts for such "
+            "layers",
+            UserWarning,
+            stacklevel=2,
+        )
