@@ -299,6 +299,18 @@ def test_a_layer_with_llama_tensors_but_another_rotary_is_refused_by_its_numbers
     assert (engine_logits[finite] - expected[finite]).abs().max() > 0.1  # silently another drafter
 
 
+def _engine_and_head_logits(folder, head, target):
+    """The engines' drafter rebuilt from an exported ``folder``, and ``head`` itself, on one random sequence:
+    (engine logits, head logits, the ids)."""
+    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
+    if head.version == 1:
+        engine_logits, _, _ = _engine_eagle1_logits(folder, target, ids)
+        _, expected = head(head.fuse(target(ids, output_hidden_states=True).hidden_states), ids, torch.arange(9)[None])
+        return engine_logits, expected, ids
+    engine_logits, _, _ = _engine_eagle3_logits(folder, target, ids)
+    return engine_logits, _head_logits(head, target, ids), ids
+
+
 EXPORTABLE_FAMILIES = {"llama", "mistral", "granite_llama_numbers", "smollm3", "ministral"}  # smollm3: layer 0 has RoPE
 """The ``ARCHITECTURES`` entries whose EAGLE layers are Llama layers in every number; every other one is refused."""
 
@@ -321,13 +333,7 @@ def test_every_family_exports_what_the_engines_compute_or_is_refused(tmp_path, n
         assert not (tmp_path / "out" / "model.safetensors").exists()
         return
     assert name in EXPORTABLE_FAMILIES
-    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
-    if version == 1:
-        engine_logits, _, _ = _engine_eagle1_logits(tmp_path / "out", target, ids)
-        _, expected = head(head.fuse(target(ids, output_hidden_states=True).hidden_states), ids, torch.arange(9)[None])
-    else:
-        engine_logits, _, _ = _engine_eagle3_logits(tmp_path / "out", target, ids)
-        expected = _head_logits(head, target, ids)
+    engine_logits, expected, _ = _engine_and_head_logits(tmp_path / "out", head, target)
     torch.testing.assert_close(engine_logits, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -433,13 +439,8 @@ def test_a_llama_layer_head_on_every_family_exports_what_the_engines_compute(tmp
             export_head(head, target, tmp_path / "out", engine="vllm")
         return
     export_head(head, target, tmp_path / "out", engine="vllm")
-    ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
-    if version == 1:
-        engine_logits, _, _ = _engine_eagle1_logits(tmp_path / "out", target, ids)
-        _, expected = head(head.fuse(target(ids, output_hidden_states=True).hidden_states), ids, torch.arange(9)[None])
-    else:
-        engine_logits, _, _ = _engine_eagle3_logits(tmp_path / "out", target, ids)
-        expected = _head_logits(head, target, ids)
+    engine_logits, expected, ids = _engine_and_head_logits(tmp_path / "out", head, target)
+    if version == 3:
         loaded = load_eagle3_checkpoint(tmp_path / "out", target)
         assert loaded.config.llama_layer == head.config.llama_layer
         torch.testing.assert_close(_head_logits(loaded, target, ids), expected, atol=1e-5, rtol=1e-5)
