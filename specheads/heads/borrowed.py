@@ -129,7 +129,9 @@ def decoder_layer_parts(target: PreTrainedModel) -> tuple[type[nn.Module], type[
         raise UnsupportedTargetError(
             f"{type(target).__name__}: expected a decoder ({type(decoder).__name__}) with `.layers` and `.rotary_emb` "
             f"(Llama-style, as in Llama, Qwen2/3, Mistral, SmolLM); it has no {' and no '.join(missing)}. EAGLE "
-            "drafters build their layer from these classes. Medusa heads and draft models work with this target."
+            "drafters build their layer from these classes. Medusa heads and draft models work with this target, and "
+            "so does an EAGLE drafter with a Llama layer: head.options.draft_layer=llama "
+            "(EagleConfig(draft_layer='llama'))."
         )
     return type(layers[0]), type(rotary)
 

@@ -283,6 +283,7 @@ class EagleDrafter(DraftHead):
 
 TARGET_LAYER, LLAMA_LAYER = "target", "llama"
 DRAFT_LAYERS = (TARGET_LAYER, LLAMA_LAYER)
+LLAMA_LAYER_HINT = "head.options.draft_layer=llama (EagleConfig(draft_layer='llama'))"
 LLAMA_LAYER_SETTINGS = (
     "hidden_size",
     "intermediate_size",
@@ -422,7 +423,8 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
             "Mixtral, OLMoE, GPT-OSS, SmolLM/SmolLM3, Granite, GLM, sequential StableLM, Starcoder2, Olmo, Seed-OSS, "
             "Arcee, HunYuan, Helium, ERNIE 4.5, Nemotron, Gemma; EAGLE-1 also Phi-3, DeepSeek-V3, Persimmon) or "
             "Gemma2/3's. Medusa heads and draft models work with this target"
-            + ("; so does EAGLE-1." if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else ".")
+            + ("; so does EAGLE-1" if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else "")
+            + f", and so does an EAGLE drafter with a Llama layer: {LLAMA_LAYER_HINT}."
         )
     return (FULL_ATTENTION,) if rotary_args else ()
 
