@@ -124,7 +124,7 @@ def decoder_layer_parts(target: PreTrainedModel) -> tuple[type[nn.Module], type[
     decoder = target.get_decoder()
     layers = getattr(decoder, "layers", None)
     rotary = getattr(decoder, "rotary_emb", None)
-    missing = [name for name, part in (("`.layers`", layers), ("`.rotary_emb`", rotary)) if part is None or not part]
+    missing = [name for name, part in (("`.layers`", layers), ("`.rotary_emb`", rotary)) if not part]
     if missing:
         raise UnsupportedTargetError(
             f"{type(target).__name__}: expected a decoder ({type(decoder).__name__}) with `.layers` and `.rotary_emb` "

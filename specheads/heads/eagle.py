@@ -325,8 +325,11 @@ def llama_layer_settings(text: PretrainedConfig) -> dict[str, Any]:
     }
 
 
-def llama_layer_config(settings: dict[str, Any], record: TargetRecord, attn_implementation: str) -> LlamaConfig:
-    """The one-layer ``LlamaConfig`` of a Llama drafter layer with ``settings`` (``llama_layer_settings``)."""
+def llama_layer_config(
+    settings: dict[str, Any], record: TargetRecord, attn_implementation: str | None = None
+) -> LlamaConfig:
+    """The one-layer ``LlamaConfig`` of a Llama drafter layer with ``settings`` (``llama_layer_settings``); with an
+    ``attn_implementation`` (the target's, for the drafter itself) or transformers' default (for an export)."""
     unknown, missing = (
         sorted(set(settings) - set(LLAMA_LAYER_SETTINGS)),
         sorted(set(LLAMA_LAYER_SETTINGS) - set(settings)),
@@ -349,7 +352,8 @@ def llama_layer_config(settings: dict[str, Any], record: TargetRecord, attn_impl
         attention_bias=False,
         mlp_bias=False,
     )
-    config._attn_implementation = attn_implementation
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
     return config
 
 

@@ -219,15 +219,13 @@ def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectur
     ``check_computes_as_llama`` then holds to them)."""
     text = target.config.get_text_config()
     settings = head.config.llama_layer or llama_layer_settings(text)
-    config = llama_layer_config(settings, head.config.target, "eager").to_dict()
+    config = llama_layer_config(settings, head.config.target).to_dict()
     config.update(
         tie_word_embeddings=False,  # SGLang would otherwise use the embedding as the (draft-vocabulary) lm_head
         bos_token_id=text.bos_token_id,
         eos_token_id=text.eos_token_id,
         pad_token_id=text.pad_token_id,
     )
-    config.pop("_attn_implementation", None)
-    config.pop("attn_implementation", None)
     rope = config.get("rope_parameters") or {}
     if "rope_theta" in rope:
         # transformers 4.x, which the engines read configs with, knows only the flat keys: without them it would
