@@ -100,6 +100,18 @@ class BorrowedModules:
     finish: LogitTransform = LogitTransform()
     """The target's logit finish, applied by ``logits`` to the borrowed lm_head's output and to a head's own."""
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The target's token embedding as the serving engines' and SpecForge's drafters read it: the plain rows of
+        its weight. (B, T) -> (B, T, H). Some families' embedding modules scale their output (Gemma's by
+        sqrt(hidden), MiniCPM3's, XGLM's, BioGPT's); vLLM and SGLang share the target's embedding with the drafter as
+        a plain lookup and apply such scales in the target's own forward, so a drafter trained on the scaled rows
+        would get other inputs once exported. A plain ``nn.Embedding`` is called as a module (its hooks run:
+        accelerate's device-map placement); a subclass that overrides ``forward`` is looked up directly."""
+        module = self.embed_tokens
+        if not isinstance(module, nn.Embedding) or type(module).forward is nn.Embedding.forward:
+            return module(input_ids)
+        return nn.functional.embedding(input_ids, module.weight, module.padding_idx)
+
     def logits(self, hidden: torch.Tensor, lm_head: nn.Linear | None = None) -> torch.Tensor:
         """Vocabulary logits on the target's scale: ``lm_head`` (default: the borrowed one) then the target's
         finish. (..., H) -> (..., V). The input is cast to the projection's dtype: a borrowed lm_head keeps the

@@ -9,13 +9,18 @@
   target ids). Trained with training-time test, so it can feed its own outputs back.
 
 The decoder layer is an instance of the target's own decoder-layer class built from the target's config (EAGLE-3
-widens q/k/v to 2H); only the wiring of its submodules is written here, never a copy of modeling code.
+widens q/k/v to 2H), or a Llama layer with the target's sizes (SpecForge's drafters); only the wiring of its
+submodules is written here, never a copy of modeling code. By default (``draft_layer="auto"``) a dense target whose
+layer the drafter wires gets its own layer, and any other target (an MoE one, or one whose layer is refused) a Llama
+layer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +35,8 @@ from specheads.heads.base import DraftHead
 from specheads.heads.borrowed import UnsupportedTargetError, borrow, decoder_layer_parts
 from specheads.heads.config import HeadConfig, HeadConfigError, TargetRecord, default_dtype_of
 from specheads.heads.masks import causal_additive_mask
+
+logger = logging.getLogger(__name__)
 
 EAGLE_TOKEN_OFFSET = 1
 """The drafter's position t reads the target feature at t and the token at t + 1, and predicts token t + 2."""
@@ -54,12 +61,15 @@ class EagleConfig(HeadConfig):
     skip it (``false``, needed by ``specheads export``); heads measured in docs/results.md kept it."""
     fc_bias: bool = True
     """EAGLE-1 only: a bias on fc, as in the reference and SGLang; vLLM's EAGLE-1 drafter has none (``false``)."""
-    draft_layer: str = "target"
+    draft_layer: str = "auto"
     """The drafter's decoder layer. ``target``: an instance of the target's own decoder-layer class (Llama-style and
     Gemma2/3 layers; others are refused). ``llama``: a Llama layer with the target's sizes and rotary settings, as
     SpecForge and the EAGLE-3 reference give every target: it builds on any family (MoE, GPT-2, Falcon, ...), is a
     dense layer on an MoE target, and exports to vLLM and SGLang whatever the family. The same layer on Llama
-    targets."""
+    targets. ``auto`` (the default): ``target`` for a dense target whose layer the drafter wires, ``llama`` for any
+    other (an MoE target, whose own layer would copy every expert; a layer ``target`` refuses). The choice is written
+    back here, so a saved head records ``target`` or ``llama``; a head saved before this field existed loads as
+    ``target``."""
     llama_layer: dict[str, Any] = field(default_factory=dict)
     """``draft_layer=llama`` only: the layer's ``LlamaConfig`` settings (``LLAMA_LAYER_SETTINGS``), read from the
     target when left empty and saved with the head."""
@@ -105,6 +115,8 @@ class EagleDrafter(DraftHead):
         self._check_layer_ids(record)
         hidden, dtype = record.hidden_size, default_dtype_of(target)
         self.borrowed = borrow(target)
+        if config.draft_layer == AUTO_LAYER:
+            config.draft_layer = _auto_draft_layer(target, config)
         if config.draft_layer == LLAMA_LAYER:
             config.llama_layer = config.llama_layer or llama_layer_settings(target.config.get_text_config())
             layer_config = llama_layer_config(config.llama_layer, record, target.config._attn_implementation)
@@ -113,17 +125,13 @@ class EagleDrafter(DraftHead):
         elif config.draft_layer == TARGET_LAYER:
             if config.llama_layer:
                 raise HeadConfigError("llama_layer applies to draft_layer='llama'; drop it or set draft_layer: llama")
-            layer_cls, rotary_cls = decoder_layer_parts(target)
-            layer_config = copy.deepcopy(target.config.get_text_config())
-            if getattr(layer_config, "layer_types", None):  # the drafter's layer sees the whole prefix, as EAGLE's
-                layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
-            self.layer = layer_cls(layer_config, 0)
+            self.layer, self.rotary = _target_layer(target)
             _initialise_as_the_target_does(self.layer, target)
-            self.rotary = rotary_cls(config=layer_config)
         else:
             raise HeadConfigError(
                 f"EagleConfig.draft_layer must be one of {DRAFT_LAYERS}, found {config.draft_layer!r}: 'target' builds "
-                "the drafter's layer from the target's own class, 'llama' builds a Llama layer for any target"
+                "the drafter's layer from the target's own class, 'llama' builds a Llama layer for any target, 'auto' "
+                "(the default) picks the target's own layer when it is dense and wired, a Llama layer otherwise"
             )
         self.layer.to(dtype)
         self.rotary_args = _check_drafter_layer(self.layer, self.rotary, config.version, type(target).__name__)
@@ -237,7 +245,7 @@ class EagleDrafter(DraftHead):
             attention_mask = causal_additive_mask(length, past, features.dtype, features.device).expand(
                 batch, 1, -1, -1
             )
-        embeds = self.borrowed.embed_tokens(input_ids).to(features.dtype)  # (B, T, H)
+        embeds = self.borrowed.embed(input_ids).to(features.dtype)  # (B, T, H), as the engines read it
         position_embeddings = self.rotary(features, position_ids, *self.rotary_args)  # Gemma3: + the layer type
         layer = self.layer
         if self.version == 1:
@@ -275,14 +283,16 @@ class EagleDrafter(DraftHead):
     @classmethod
     def for_loading(cls, config: EagleConfig, target: PreTrainedModel) -> EagleDrafter:
         """An instance whose d2t is a placeholder, to be overwritten by a strict state-dict load."""
+        if config.draft_layer == AUTO_LAYER:  # saved heads record their choice: this one predates the field
+            config.draft_layer = TARGET_LAYER
         d2t = None
         if config.version == 3 and config.draft_vocab_size not in (None, config.target.vocab_size):
             d2t = torch.arange(config.draft_vocab_size)
         return cls(config, target, d2t=d2t)
 
 
-TARGET_LAYER, LLAMA_LAYER = "target", "llama"
-DRAFT_LAYERS = (TARGET_LAYER, LLAMA_LAYER)
+AUTO_LAYER, TARGET_LAYER, LLAMA_LAYER = "auto", "target", "llama"
+DRAFT_LAYERS = (AUTO_LAYER, TARGET_LAYER, LLAMA_LAYER)
 LLAMA_LAYER_HINT = "head.options.draft_layer=llama (EagleConfig(draft_layer='llama'))"
 LLAMA_LAYER_SETTINGS = (
     "hidden_size",
@@ -357,6 +367,44 @@ def llama_layer_config(
     return config
 
 
+def _target_layer(target: PreTrainedModel, device: torch.device | str | None = None) -> tuple[nn.Module, nn.Module]:
+    """A decoder layer and rotary embedding of the target's own classes, from its config with every layer type set
+    to full attention (the drafter's layer sees the whole prefix, as EAGLE's); on ``device`` (the default one)."""
+    layer_cls, rotary_cls = decoder_layer_parts(target)
+    layer_config = copy.deepcopy(target.config.get_text_config())
+    if getattr(layer_config, "layer_types", None):
+        layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        return layer_cls(layer_config, 0), rotary_cls(config=layer_config)
+
+
+def _auto_draft_layer(target: PreTrainedModel, config: EagleConfig) -> str:
+    """``draft_layer="auto"``: ``target`` when the target's own layer is dense and the drafter wires it, ``llama``
+    otherwise. The target's layer is built on the meta device to look at it, so an MoE layer's experts are never
+    allocated."""
+    if config.llama_layer:
+        return LLAMA_LAYER
+    name = type(target).__name__
+    try:
+        layer, rotary = _target_layer(target, device="meta")
+    except UnsupportedTargetError as refusal:  # no `.layers` or `.rotary_emb` (GPT-2, Falcon, ...)
+        problems = [str(refusal).split(";")[0]]
+    else:
+        problems, _ = _drafter_layer_problems(layer, rotary, config.version)
+        experts = sorted({type(m).__name__ for n, m in layer.named_modules() if n.rpartition(".")[2] == "experts"})
+        if experts and not problems:
+            problems = [f"a mixture-of-experts layer ({', '.join(experts)}) that the drafter would copy whole"]
+    if problems:
+        logger.info(
+            "EAGLE-%d drafter for %s: a dense Llama layer (draft_layer=auto) instead of the target's own, which has %s",
+            config.version,
+            name,
+            "; ".join(problems),
+        )
+        return LLAMA_LAYER
+    return TARGET_LAYER
+
+
 def _initialise_as_the_target_does(layer: nn.Module, target: PreTrainedModel) -> None:
     """Transformers modules that hold parameters of their own (fused MoE experts and routers as in Qwen3-MoE,
     Mixtral and GPT-OSS, GPT-OSS's attention sinks) allocate them with ``torch.empty`` and leave them to the model's
@@ -409,17 +457,7 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
     the wiring would not apply, rotary embeddings that need more than a layer type) or, for EAGLE-3's widened
     attention, fused q/k/v projections (Phi-3) would be silently mis-wired or crash mid-training: refuse them here.
     Returns the arguments the rotary embedding takes after (x, positions): Gemma3's the layer type, others' none."""
-    problems = _layer_wiring_problems(layer)
-    rotary_args = [
-        p.name
-        for p in list(inspect.signature(rotary.forward).parameters.values())[2:]
-        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-    if rotary_args not in ([], ["layer_type"]):
-        problems.append(f"a rotary embedding that also needs {rotary_args}")
-    attn = getattr(layer, "self_attn", None)
-    if version == 3 and attn is not None and not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")):
-        problems.append("fused attention projections (EAGLE-3 widens separate q_proj/k_proj/v_proj)")
+    problems, rotary_args = _drafter_layer_problems(layer, rotary, version)
     if problems:
         raise UnsupportedTargetError(
             f"EAGLE-{version} builds its drafter from {target_name}'s decoder layer ({type(layer).__name__}), which "
@@ -431,6 +469,23 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
             + f", and so does an EAGLE drafter with a Llama layer: {LLAMA_LAYER_HINT}."
         )
     return (FULL_ATTENTION,) if rotary_args else ()
+
+
+def _drafter_layer_problems(layer: nn.Module, rotary: nn.Module, version: int) -> tuple[list[str], list[str]]:
+    """What the EAGLE-``version`` wiring would get wrong in the layer (``_check_drafter_layer``), and the arguments its
+    rotary embedding takes after (x, positions)."""
+    problems = _layer_wiring_problems(layer)
+    rotary_args = [
+        p.name
+        for p in list(inspect.signature(rotary.forward).parameters.values())[2:]
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if rotary_args not in ([], ["layer_type"]):
+        problems.append(f"a rotary embedding that also needs {rotary_args}")
+    attn = getattr(layer, "self_attn", None)
+    if version == 3 and attn is not None and not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj")):
+        problems.append("fused attention projections (EAGLE-3 widens separate q_proj/k_proj/v_proj)")
+    return problems, rotary_args
 
 
 def _layer_wiring_problems(layer: nn.Module) -> list[str]:

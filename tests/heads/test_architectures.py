@@ -55,10 +55,10 @@ def test_eagle_drafters_are_built_only_from_layers_they_wire_right(model_type, v
     wire are refused when it is built."""
     target = tiny(model_type)
     if refusal is None:
-        EagleDrafter(EagleConfig(version=version), target)
+        EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
         return
     with pytest.raises(UnsupportedTargetError, match=refusal):
-        EagleDrafter(EagleConfig(version=version), target)
+        EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
 
 
 def test_a_rotary_embedding_that_needs_more_than_a_layer_type_is_refused():
@@ -73,7 +73,7 @@ def test_a_rotary_embedding_that_needs_more_than_a_layer_type_is_refused():
 
     target.model.rotary_emb = NeedsMore(target.config)
     with pytest.raises(UnsupportedTargetError, match="a rotary embedding that also needs \\['segment_ids'\\]"):
-        EagleDrafter(EagleConfig(version=1), target)
+        EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
 
 
 def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
@@ -95,9 +95,9 @@ def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
 
     target.model.layers = torch.nn.ModuleList([Scaled(target.config, i) for i in range(2)])
     with pytest.raises(UnsupportedTargetError, match="scales the drafter's block would not apply \\(branch_scale\\)"):
-        EagleDrafter(EagleConfig(version=1), target)
+        EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
     target.model.layers = torch.nn.ModuleList([Bookkept(target.config, i) for i in range(2)])
-    EagleDrafter(EagleConfig(version=1), target)
+    EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -108,9 +108,9 @@ def test_eagle_drafters_build_on_exactly_the_families_they_wire(name):
     for version in (1, 3):
         if name in EAGLE_REFUSED[version]:
             with pytest.raises(UnsupportedTargetError, match="draft models work with this target.*draft_layer=llama"):
-                EagleDrafter(EagleConfig(version=version), target)
+                EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
         else:
-            EagleDrafter(EagleConfig(version=version), target)
+            EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
 
 
 @pytest.mark.parametrize("name", sorted(set(ARCHITECTURES) - EAGLE_REFUSED[1]))
@@ -127,7 +127,7 @@ def test_a_fresh_drafter_starts_from_its_familys_initialisation_not_from_stale_m
 
     monkeypatch.setattr(torch, "empty", poisoned)
     for version in (1,) if name in EAGLE_REFUSED[3] else (1, 3):
-        drafter = EagleDrafter(EagleConfig(version=version), target)
+        drafter = EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
         stale = [n for n, p in drafter.named_parameters() if not p.isfinite().all()]
         assert not stale, (version, stale)
 
@@ -156,6 +156,63 @@ def test_a_llama_layer_drafter_saves_its_layer_settings_and_reloads_identically(
         torch.testing.assert_close(loaded(features, ids, positions), head(features, ids, positions), rtol=0, atol=0)
 
 
+MIXTURE_OF_EXPERTS = {"qwen3_moe", "gpt_oss", "mixtral", "qwen2_moe", "olmoe"}
+"""The ``ARCHITECTURES`` entries whose layer 0 (the one a drafter copies) routes over experts."""
+
+
+@pytest.mark.parametrize("name", sorted(ARCHITECTURES))
+def test_the_default_draft_layer_is_the_targets_own_when_dense_and_wired_and_a_llama_layer_otherwise(
+    tmp_path, name, monkeypatch
+):
+    """``draft_layer="auto"`` (the default): the target's own layer where it is dense and the drafter wires it (the
+    heads trained on SmolLM2 are unchanged), a dense Llama layer for an MoE target (no copy of every expert, and an
+    export the engines load) and for a family whose own layer is refused (GPT-2, Falcon, Cohere, ...). The choice is
+    saved, and a head saved before the field existed loads with the target's own layer."""
+    target = tiny(name)
+    built = []  # every expert module whose parameters were really allocated
+    experts = [type(m) for n, m in target.named_modules() if n.endswith(".experts")]
+    for cls in set(experts):
+        monkeypatch.setattr(cls, "__init__", _recording_init(cls.__init__, built))
+    heads = {version: EagleDrafter(EagleConfig(version=version), target) for version in (1, 3)}
+    for version, head in heads.items():
+        own = name not in EAGLE_REFUSED[version] and name not in MIXTURE_OF_EXPERTS
+        assert head.config.draft_layer == ("target" if own else "llama"), version
+        assert own or type(head.layer).__name__ == "LlamaDecoderLayer"
+    assert not built, "the MoE layer looked at by auto is built on the meta device, never allocated"
+    if name in EAGLE_REFUSED[1] | MIXTURE_OF_EXPERTS:
+        return
+    heads[1].save_pretrained(tmp_path / "head")
+    config_path = tmp_path / "head" / "config.json"
+    meta = json.loads(config_path.read_text())
+    assert meta["config"]["draft_layer"] == "target"
+    del meta["config"]["draft_layer"]  # as written before the field existed
+    config_path.write_text(json.dumps(meta))
+    assert load_head(tmp_path / "head", target).config.draft_layer == "target"
+
+
+def _recording_init(init, built):
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if any(p.device.type != "meta" for p in self.parameters()):
+            built.append(type(self).__name__)
+
+    return recording
+
+
+def test_an_moe_target_whose_saved_head_has_no_draft_layer_loads_its_moe_layer(tmp_path):
+    """A Qwen3-MoE head saved before ``draft_layer`` existed copied the MoE layer: it loads as such, strictly."""
+    target = tiny("qwen3_moe")
+    head = EagleDrafter(EagleConfig(version=3, draft_layer="target"), target)
+    assert any(n.endswith("experts") for n, _ in head.named_modules())
+    head.save_pretrained(tmp_path / "head")
+    config_path = tmp_path / "head" / "config.json"
+    meta = json.loads(config_path.read_text())
+    del meta["config"]["draft_layer"]
+    config_path.write_text(json.dumps(meta))
+    loaded = load_head(tmp_path / "head", target)
+    assert type(loaded.layer) is type(head.layer) and loaded.config.draft_layer == "target"
+
+
 @pytest.mark.parametrize("version", [1, 3])
 def test_on_a_llama_target_the_llama_layer_is_the_target_layer(version):
     """The two ``draft_layer`` choices build the same drafter on a Llama target: same tensors from the same seed,
@@ -175,8 +232,8 @@ def test_on_a_llama_target_the_llama_layer_is_the_target_layer(version):
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(draft_layer="mlp"), "draft_layer must be one of \\('target', 'llama'\\), found 'mlp'"),
-        (dict(llama_layer={"hidden_size": 64}), "llama_layer applies to draft_layer='llama'"),
+        (dict(draft_layer="mlp"), "draft_layer must be one of \\('auto', 'target', 'llama'\\), found 'mlp'"),
+        (dict(draft_layer="target", llama_layer={"hidden_size": 64}), "llama_layer applies to draft_layer='llama'"),
         (dict(draft_layer="llama", llama_layer={"hidden_size": 64}), "missing \\['head_dim', 'intermediate_size'"),
     ],
 )
@@ -194,7 +251,7 @@ def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_typ
     at zero) its output must equal the layer class's own forward on the same input: Gemma2/3's norms after
     attention and around the MLP, Granite's residual multiplier, Qwen3's and StableLM's q/k norms, Qwen3-MoE's
     routed experts and Gemma3's per-type rotary all included."""
-    drafter = EagleDrafter(EagleConfig(version=1), tiny(model_type)).eval()
+    drafter = EagleDrafter(EagleConfig(version=1, draft_layer="target"), tiny(model_type)).eval()
     torch.manual_seed(1)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -202,7 +259,7 @@ def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_typ
     features, ids, positions = torch.randn(1, 6, 64), torch.randint(0, 128, (1, 6)), torch.arange(3, 9)[None]
     with torch.no_grad():
         hidden, _ = drafter(features, ids, positions)
-        x = drafter.fc(torch.cat([drafter.borrowed.embed_tokens(ids), features], dim=-1))
+        x = drafter.fc(torch.cat([drafter.borrowed.embed(ids), features], dim=-1))
         mask = causal_additive_mask(6, 0, x.dtype, x.device).expand(1, 1, -1, -1)
         rotary = drafter.rotary(x, positions, *drafter.rotary_args)
         own = drafter.layer(x, position_embeddings=rotary, attention_mask=mask)
@@ -221,7 +278,7 @@ def test_eagle_decodes_exactly_the_targets_greedy_tokens(model_type, version):
     embeddings) or a Llama-style one (Mistral past its window, Granite's scaled logits, Qwen3-MoE's experts, ...)
     decodes the target's own greedy tokens, through a chain and an EAGLE-2 dynamic tree."""
     target = tiny(model_type)
-    head = EagleDrafter(EagleConfig(version=version), target).eval()
+    head = EagleDrafter(EagleConfig(version=version, draft_layer="target"), target).eval()
     prompt = torch.tensor([[1, 5, 9, 33, 7, 5, 9, 33, 12, 40]])
     expected = target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1] :].tolist()
     for tree in ("chain:3", "dynamic:3,2,6"):
@@ -286,7 +343,7 @@ def test_a_multimodal_gemma3_decodes_text_past_its_window_with_every_head():
     prompt = torch.tensor([[1, 5, 9, 33, 7, 5, 9, 33, 12, 40, 5, 9]])
     expected = target.generate(prompt, max_new_tokens=24, do_sample=False)[0, prompt.shape[1] :].tolist()
     heads = [MedusaHeads(MedusaConfig(num_heads=2), target)]
-    heads += [EagleDrafter(EagleConfig(version=version), target) for version in (1, 3)]
+    heads += [EagleDrafter(EagleConfig(version=version, draft_layer="target"), target) for version in (1, 3)]
     for head in heads:
         generator = SpeculativeGenerator(target, TinyTokenizer(), build_drafter(head.eval(), "chain:2"))
         assert generator.generate(prompt, max_new_tokens=24).token_ids == expected, type(head).__name__

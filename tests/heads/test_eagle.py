@@ -2,8 +2,10 @@
 
 import pytest
 import torch
+from tiny_models import ARCHITECTURES, tiny_named
 
 from specheads.heads import EagleConfig, EagleDrafter, build_vocab_maps, default_eagle3_layer_ids
+from specheads.heads.borrowed import borrow
 from specheads.heads.config import HeadConfigError
 
 
@@ -56,6 +58,26 @@ def test_causal_mask_is_applied(tiny_llama):
     _, logits2 = drafter(features, changed, positions)
     torch.testing.assert_close(logits[:, :-1], logits2[:, :-1])
     assert not torch.allclose(logits[:, -1], logits2[:, -1])
+
+
+def test_drafters_embed_tokens_as_the_engines_do():
+    """A drafter reads the plain rows of the target's embedding, as vLLM's, SGLang's and SpecForge's drafters do.
+    Gemma's embedding module multiplies them by sqrt(hidden) (8 here) where those engines scale in the target's
+    forward instead; a Gemma head trained on scaled rows, once exported, was fed rows 8x smaller by the engine."""
+    ids = torch.randint(0, 128, (2, 5), generator=torch.Generator().manual_seed(0))
+    scaling = set()
+    for name in sorted(ARCHITECTURES):
+        target = tiny_named(name)
+        borrowed, module = borrow(target), target.get_input_embeddings()
+        torch.testing.assert_close(borrowed.embed(ids), module.weight[ids], rtol=0, atol=0)
+        if not torch.equal(module(ids), module.weight[ids]):
+            scaling.add(name)
+    assert scaling == {"gemma", "gemma2", "gemma3_text"}  # the families whose module scales, so the check can fail
+    target = tiny_named("llama")
+    calls = []
+    target.get_input_embeddings().register_forward_pre_hook(lambda module, args: calls.append(args[0].shape))
+    borrow(target).embed(ids)
+    assert calls == [ids.shape], "a plain nn.Embedding is called as a module: accelerate's device-map hooks run"
 
 
 def test_default_layer_ids():

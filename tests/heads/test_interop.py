@@ -59,6 +59,12 @@ def _head_logits(head, target, ids):
     return full
 
 
+def _engine_embedding(target, ids):
+    """What the engines' drafter embeds ``ids`` as: vLLM and SGLang share the target's embedding weight with the
+    drafter as a plain lookup, and apply Gemma's sqrt(hidden) scale in the target's own forward, not in it."""
+    return nn.functional.embedding(ids, target.get_input_embeddings().weight)
+
+
 def _engine_eagle3_logits(folder, target, ids):
     """The drafter as vLLM / SGLang build it, from the exported folder and the target alone: a Llama decoder layer
     whose q/k/v read concat(input_layernorm(embedding), hidden_norm(fc(low, mid, high))), the final norm, the
@@ -83,7 +89,7 @@ def _engine_eagle3_logits(folder, target, ids):
     layer_ids = config.eagle_aux_hidden_state_layer_ids  # vLLM: hidden-state indices
     states = target(ids, output_hidden_states=True).hidden_states
     fused = torch.cat([states[i] for i in layer_ids], dim=-1) @ tensors["fc.weight"].T
-    embeds = target.get_input_embeddings()(ids)
+    embeds = _engine_embedding(target, ids)
     attn_in = torch.cat([layer.input_layernorm(embeds), hidden_norm(fused)], dim=-1)
     positions = torch.arange(ids.shape[1])[None]
     rotary = LlamaRotaryEmbedding(config)(fused, positions)
@@ -268,7 +274,7 @@ def _engine_eagle1_logits(folder, target, ids):
     layer.load_state_dict({k.removeprefix("layers.0."): v for k, v in tensors.items() if k.startswith("layers.0.")})
     length = ids.shape[1]
     features = target(ids, output_hidden_states=True).hidden_states[-1]
-    x = torch.cat([target.get_input_embeddings()(ids), features], dim=-1) @ tensors["fc.weight"].T
+    x = torch.cat([_engine_embedding(target, ids), features], dim=-1) @ tensors["fc.weight"].T
     x = x + tensors.get("fc.bias", 0.0)
     positions = torch.arange(length)[None]
     causal = torch.full((length, length), float("-inf")).triu(1)[None, None]

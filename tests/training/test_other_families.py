@@ -2,8 +2,9 @@
 saved to disk (SmolLM2's tokenizer), an EAGLE-3 head trained on it through the real loop from the training config
 (its loss falls), loaded back strictly and decoded. Gemma2 refuses sdpa and loads with eager; Gemma3 has sliding-window
 layers with their own rotary embedding, and soft-capped logits; GPT-OSS has attention sinks, sliding and full
-layers, and a sparse MLP that returns its router scores beside its output (the drafter once crashed on it); GPT-2
-has no layer the drafter wires, and trains one with ``head.options.draft_layer=llama``."""
+layers, and a sparse MLP that returns its router scores beside its output (the drafter once crashed on it; trained
+here with its own MoE layer, ``head.options.draft_layer=target``, where the default gives MoE targets a dense Llama
+layer); GPT-2 has no layer the drafter wires, and the default ``draft_layer: auto`` trains a Llama layer for it."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ FAMILIES = {
 }
 LEARNING_RATES = {"gpt_oss": 1e-2}  # its larger logits take a larger step to fall as far in 24 steps (by 13.5%)
 FAMILIES["gpt2"] = dict(initializer_range=0.2)  # no decoder layer an EAGLE drafter wires: a Llama layer instead
-OPTIONS = {"gpt2": ["head.options.draft_layer=llama"]}
+OPTIONS = {"gpt_oss": ["head.options.draft_layer=target"]}  # its own MoE layer, not the default's dense Llama one
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
@@ -67,6 +68,7 @@ def test_an_eagle3_head_trains_on_another_family_and_decodes_its_greedy_tokens(m
     target, tokenizer = load_target(target_dir)
     head = load_head(out, target)
     assert (type(head.layer).__name__ == "LlamaDecoderLayer") == (model_type == "gpt2")
+    assert model_type != "gpt_oss" or any(name.endswith("experts") for name, _ in head.layer.named_modules())
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Name three colours."}], add_generation_prompt=True, return_tensors="pt"
     )
