@@ -61,7 +61,7 @@ def commit_path(cache: DynamicCache, prefix_len: int, path: torch.Tensor | list[
     path = torch.as_tensor(path_list, dtype=torch.long)
     sources: dict[tuple[torch.device, int], torch.Tensor] = {}  # one index per device and slot, not one per layer
     for layer in cache.layers:
-        if not layer.is_initialized:
+        if not layer.is_initialized or layer.keys is None:  # nothing yet, or a KV-shared layer's empty placeholder
             continue
         base = prefix_len - (layer.get_seq_length() - layer.keys.shape[-2])  # the prefix's end, in this layer's slots
         if base < 0 or layer.keys.shape[-2] < base + int(path.max()) + 1:

@@ -120,7 +120,22 @@ class BorrowedModules:
         return self.finish(lm_head(hidden.to(lm_head.weight.dtype)))
 
 
+STACKED_HIDDEN_STATES = {
+    "gemma3n_text": "AltUp's parallel streams, (altup_num_inputs, B, T, H), which its forward mixes down to one only "
+    "after the last layer",
+}
+"""Text-config ``model_type`` -> what its ``hidden_states`` hold instead of one (B, T, H) feature per layer. Heads
+read those features, so they are refused on such a target; draft models and prompt lookup read none."""
+
+
 def borrow(target: PreTrainedModel) -> BorrowedModules:
+    stacked = STACKED_HIDDEN_STATES.get(target.config.get_text_config().model_type)
+    if stacked is not None:
+        raise UnsupportedTargetError(
+            f"{type(target).__name__}'s hidden states are {stacked}; Medusa heads and EAGLE drafters read one "
+            "(B, T, H) feature per layer. Speculate for this target with a draft model (head.type: draft_model) or "
+            "prompt lookup (specheads generate --prompt-lookup), which read no hidden states"
+        )
     embed = target.get_input_embeddings()
     lm_head = target.get_output_embeddings()
     if embed is None or lm_head is None:
@@ -158,8 +173,11 @@ def logit_finish_gap(target: PreTrainedModel, length: int = 4) -> float | None:
     to their size: ~0 when ``LOGIT_TRANSFORMS`` knows the family's finish (or it has none). A larger gap means the
     causal-LM forward changes the logits (or the last hidden state) in a way heads do not repeat, so their logits are
     off the target's scale. None when the target cannot run here: weights on the meta device or split by ZeRO-3 or
-    FSDP (the check is made before they are)."""
+    FSDP (the check is made before they are), or when heads cannot read its hidden states
+    (``STACKED_HIDDEN_STATES``)."""
     if any(p.device.type == "meta" or is_partitioned(p) for p in target.parameters()):
+        return None
+    if target.config.get_text_config().model_type in STACKED_HIDDEN_STATES:  # no head reads its hidden states
         return None
     vocab = target.config.get_text_config().vocab_size
     device = next(target.parameters()).device

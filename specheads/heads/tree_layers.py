@@ -7,10 +7,12 @@ from __future__ import annotations
 import warnings
 
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
-ATTENTION_CACHE_LAYERS = (DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__)
+ATTENTION_CACHE_LAYERS = (DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__, DummyLayer.__name__)
+"""Cache layers a tree can be verified through: full and sliding-window attention, and the empty placeholder of a
+layer that reads another layer's keys and values (Gemma3n's KV-shared layers), which holds nothing to roll back."""
 
 GENERATE_INSTEAD = "Decode this target with transformers' generate"
 
