@@ -86,6 +86,7 @@ def write_model_card(path: Path, head: DraftHead, card: dict[str, Any]) -> None:
         f"# {title[0].upper()}{title[1:]} for {name or 'an unnamed target'}",
         "",
         *_summary(type(head).__name__, n_params, with_adapter),
+        *_drafter_layer_line(head),
         "",
         "## Target",
         f"- name: `{name}`{revision}; model type: `{record.model_type}`",
@@ -123,6 +124,17 @@ def _summary(class_name: str, n_params: int, with_adapter: bool) -> list[str]:
         "`target = load_lora_adapter(target, folder)` before `load_head`), so the output is exactly the adapted "
         "model's. The adapter was distilled to stay close to the base target, but its output is not equal to the "
         "base target's.",
+    ]
+
+
+def _drafter_layer_line(head: DraftHead) -> list[str]:
+    """An EAGLE head's decoder layer: the target's own class or a Llama layer (what the engines run)."""
+    if head.head_type != "eagle":
+        return []
+    return [
+        "",
+        f"Its decoder layer is a `{type(head.layer).__name__}` (`draft_layer: {head.config.draft_layer}`: "
+        + ("a Llama layer with the target's sizes)." if head.config.draft_layer == "llama" else "the target's own)."),
     ]
 
 

@@ -150,6 +150,8 @@ def test_a_llama_layer_drafter_saves_its_layer_settings_and_reloads_identically(
     head.save_pretrained(tmp_path / "head")
     saved = json.loads((tmp_path / "head" / "config.json").read_text())["config"]
     assert saved["draft_layer"] == "llama" and saved["llama_layer"] == settings
+    card = (tmp_path / "head" / "README.md").read_text()
+    assert "decoder layer is a `LlamaDecoderLayer` (`draft_layer: llama`: a Llama layer with the target's" in card
     loaded = load_head(tmp_path / "head", target)
     features, ids, positions = torch.randn(1, 6, 64), torch.randint(0, 128, (1, 6)), torch.arange(3, 9)[None]
     with torch.no_grad():

@@ -101,6 +101,7 @@ def test_card_names_local_targets_and_paths_without_their_directories(tiny_llama
     text = (tmp_path / "head" / "README.md").read_text()
     assert "/opt/" not in text and "/srv/" not in text and "private-models" not in text
     assert "# EAGLE-3 draft head for llama-x" in text and "- name: `llama-x`" in text
+    assert "Its decoder layer is a `LlamaDecoderLayer` (`draft_layer: target`: the target's own)." in text
     assert '"y.jsonl"' in text
     assert "specheads generate --target PATH_TO_TARGET --head OWNER/REPO" in text
     assert "`--head` takes this repository's Hub id (`OWNER/REPO`) or a local copy of this folder" in text
