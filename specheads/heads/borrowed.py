@@ -15,7 +15,7 @@ be, and a head's copied lm_head starts out computing the target's own distributi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -120,22 +120,41 @@ class BorrowedModules:
         return self.finish(lm_head(hidden.to(lm_head.weight.dtype)))
 
 
-STACKED_HIDDEN_STATES = {
-    "gemma3n_text": "AltUp's parallel streams, (altup_num_inputs, B, T, H), which its forward mixes down to one only "
-    "after the last layer",
+HYPER_CONNECTIONS = "hyper-connection residual streams, (B, T, hc_mult, H), mixed down to one only after the last layer"
+STACKED_HIDDEN_STATES: dict[str, tuple[str, bool]] = {
+    "gemma3n_text": ("AltUp's parallel streams, (altup_num_inputs, B, T, H), mixed down to one by its forward", True),
+    "deepseek_v4": (HYPER_CONNECTIONS, False),
+    "hy_v4": (HYPER_CONNECTIONS, False),
 }
-"""Text-config ``model_type`` -> what its ``hidden_states`` hold instead of one (B, T, H) feature per layer. Heads
-read those features, so they are refused on such a target; draft models and prompt lookup read none."""
+"""Text-config ``model_type`` -> what its ``hidden_states`` hold instead of one (B, T, H) feature per layer, and
+whether the last one (index N) is stacked too. Heads read those features, so a head that reads a stacked index is
+refused; draft models and prompt lookup read none."""
 
 
-def borrow(target: PreTrainedModel) -> BorrowedModules:
-    stacked = STACKED_HIDDEN_STATES.get(target.config.get_text_config().model_type)
-    if stacked is not None:
+def check_readable_hidden_states(target: PreTrainedModel, layer_ids: Sequence[int]) -> None:
+    """Refuse a head whose ``layer_ids`` are hidden states the family stacks (``STACKED_HIDDEN_STATES``), which
+    would otherwise fail on their shape deep inside training or decoding."""
+    text = target.config.get_text_config()
+    entry = STACKED_HIDDEN_STATES.get(text.model_type)
+    if entry is None:
+        return
+    what, last_too = entry
+    last = text.num_hidden_layers
+    stacked = [i for i in layer_ids if last_too or i != last]
+    if stacked:
+        works = "" if last_too else f"Medusa and EAGLE-1 heads, which read the last hidden state ({last}), work; "
         raise UnsupportedTargetError(
-            f"{type(target).__name__}'s hidden states are {stacked}; Medusa heads and EAGLE drafters read one "
-            "(B, T, H) feature per layer. Speculate for this target with a draft model (head.type: draft_model) or "
-            "prompt lookup (specheads generate --prompt-lookup), which read no hidden states"
+            f"{type(target).__name__}'s hidden states {'are' if last_too else f'before index {last} are'} {what}; "
+            f"heads read one (B, T, H) feature per layer, and this one reads indices {list(stacked)}. {works}"
+            "Draft models (head.type: draft_model) and prompt lookup (specheads generate --prompt-lookup) read no "
+            "hidden states"
         )
+
+
+def borrow(target: PreTrainedModel, layer_ids: Sequence[int] = ()) -> BorrowedModules:
+    """The target modules a head uses; ``layer_ids`` are the hidden-state indices it reads, refused where the family
+    stacks them (``check_readable_hidden_states``)."""
+    check_readable_hidden_states(target, layer_ids)
     embed = target.get_input_embeddings()
     lm_head = target.get_output_embeddings()
     if embed is None or lm_head is None:
@@ -177,7 +196,7 @@ def logit_finish_gap(target: PreTrainedModel, length: int = 4) -> float | None:
     (``STACKED_HIDDEN_STATES``)."""
     if any(p.device.type == "meta" or is_partitioned(p) for p in target.parameters()):
         return None
-    if target.config.get_text_config().model_type in STACKED_HIDDEN_STATES:  # no head reads its hidden states
+    if STACKED_HIDDEN_STATES.get(target.config.get_text_config().model_type, ("", False))[1]:  # stacked last state
         return None
     vocab = target.config.get_text_config().vocab_size
     device = next(target.parameters()).device

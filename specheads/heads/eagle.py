@@ -114,7 +114,7 @@ class EagleDrafter(DraftHead):
             config.layer_ids = [n] if config.version == 1 else default_eagle3_layer_ids(n)
         self._check_layer_ids(record)
         hidden, dtype = record.hidden_size, default_dtype_of(target)
-        self.borrowed = borrow(target)
+        self.borrowed = borrow(target, config.layer_ids)
         if config.draft_layer == AUTO_LAYER:
             config.draft_layer = _auto_draft_layer(target, config)
         if config.draft_layer == LLAMA_LAYER:
@@ -374,8 +374,17 @@ def _target_layer(target: PreTrainedModel, device: torch.device | str | None = N
     layer_config = copy.deepcopy(target.config.get_text_config())
     if getattr(layer_config, "layer_types", None):
         layer_config.layer_types = [FULL_ATTENTION] * len(layer_config.layer_types)
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        return layer_cls(layer_config, 0), rotary_cls(config=layer_config)
+    try:
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            return layer_cls(layer_config, 0), rotary_cls(config=layer_config)
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as error:  # a family whose layer has no full-attention form (DeepSeek-V4's compressed kinds)
+        raise UnsupportedTargetError(
+            f"{type(target).__name__}'s decoder layer ({layer_cls.__name__}) does not build as the full-attention "
+            f"layer an EAGLE drafter needs ({type(error).__name__}: {error}). Medusa heads and draft models work "
+            f"with this target, and so does an EAGLE drafter with a Llama layer: {LLAMA_LAYER_HINT}"
+        ) from error
 
 
 def _auto_draft_layer(target: PreTrainedModel, config: EagleConfig) -> str:

@@ -73,7 +73,7 @@ class MedusaHeads(DraftHead):
                 f"{list(config.layer_ids)}"
             )
         hidden, vocab, dtype = record.hidden_size, record.vocab_size, default_dtype_of(target)
-        self.borrowed = borrow(target)
+        self.borrowed = borrow(target, config.layer_ids)
         # One independent list of blocks per head (never `[ResBlock(h)] * L`, which shares one block L times).
         self.blocks = nn.ModuleList(
             nn.Sequential(*(ResBlock(hidden, dtype) for _ in range(config.num_layers))) for _ in range(config.num_heads)

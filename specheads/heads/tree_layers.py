@@ -22,16 +22,17 @@ def tree_obstacle(target: PreTrainedModel) -> str | None:
 
     Only attention layers take a tree: a recurrent layer (linear attention, a state-space or convolution layer, as in
     Qwen3-Next, Jamba, LFM2, Falcon-H1) folds every node it is fed into one state, whatever the mask says, and that
-    state cannot be cut back to the accepted path; chunked attention (Llama 4) needs a mask the verifier does not
-    build."""
+    state cannot be cut back to the accepted path, nor can a compressed attention cache (DeepSeek-V4, HY-V4);
+    chunked attention (Llama 4) needs a mask the verifier does not build."""
     name = type(target).__name__
     kinds = {type(layer).__name__ for layer in DynamicCache(config=target.config).layers}
     if not kinds <= set(ATTENTION_CACHE_LAYERS):
         return (
-            f"{name} has cache layers of kinds {sorted(kinds)}: recurrent layers (linear attention, state-space or "
-            "convolution) fold every tree node they are fed into one state, which cannot be rolled back to the "
-            "accepted path, so tree verification would not be exact. Expected attention layers only (full or "
-            "sliding-window)"
+            f"{name} has cache layers of kinds {sorted(kinds)}, not all plain key/value caches: recurrent layers "
+            "(linear attention, state-space or convolution) fold every tree node they are fed into one state, and "
+            "compressed or indexed attention caches (DeepSeek-V4's, HY-V4's) keep summaries over several tokens; "
+            "neither can be rolled back to the accepted path, so tree verification would not be exact. Expected "
+            "attention layers only (full or sliding-window)"
         )
     types = set(getattr(target.config.get_text_config(), "layer_types", None) or [])
     if not types <= {SLIDING, FULL}:

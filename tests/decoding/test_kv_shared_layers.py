@@ -102,10 +102,11 @@ def test_gemma3n_decodes_its_own_greedy_tokens_past_its_window(gemma3n, drafter)
 
 
 def test_heads_are_refused_on_stacked_hidden_states_with_what_works_instead(gemma3n):
+    """Every Gemma3n hidden state, the last included, is AltUp's (2, B, T, H) stack: every head is refused."""
     for build in (
         lambda: MedusaHeads(MedusaConfig(num_heads=2), gemma3n),
         lambda: EagleDrafter(EagleConfig(version=3), gemma3n),
         lambda: EagleDrafter(EagleConfig(version=1, draft_layer="llama"), gemma3n),
     ):
-        with pytest.raises(UnsupportedTargetError, match=r"AltUp's parallel streams.*draft model.*--prompt-lookup"):
+        with pytest.raises(UnsupportedTargetError, match=r"AltUp's parallel streams.*Draft models.*--prompt-lookup"):
             build()

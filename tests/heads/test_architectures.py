@@ -158,6 +158,27 @@ def test_a_llama_layer_drafter_saves_its_layer_settings_and_reloads_identically(
         torch.testing.assert_close(loaded(features, ids, positions), head(features, ids, positions), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("model_type", ["deepseek_v4", "hy_v4"])
+def test_heads_read_only_hidden_states_a_hyper_connection_family_does_not_stack(model_type):
+    """DeepSeek-V4's and HY-V4's hidden states before the last are their hyper-connections' (B, T, hc_mult, H)
+    streams: an EAGLE-3 head, which fuses a low, a middle and a high one, is refused when it is built (it would fail
+    on their shape mid-training); Medusa and EAGLE-1 heads read the last, one (B, T, H) feature, and build."""
+    from tests.tiny_models import tiny_family
+
+    target = tiny_family(model_type)
+    states = target(torch.tensor([[3, 5, 7]]), output_hidden_states=True).hidden_states
+    assert [state.dim() for state in states] == [4, 4, 3]  # what the refusal is about
+    medusa = MedusaHeads(MedusaConfig(num_heads=2), target)
+    assert medusa(states[-1]).shape == (2, 1, 3, 128)
+    eagle1 = EagleDrafter(EagleConfig(version=1), target)
+    assert eagle1.fuse(states).shape == (1, 3, 64) and eagle1.config.draft_layer == "llama"  # its own is not wired
+    own_layer = r"does not build as the full-attention layer.*KeyError|submodules the drafter's block would not call"
+    with pytest.raises(UnsupportedTargetError, match=own_layer):  # DeepSeek-V4's had no full-attention form: KeyError
+        EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
+    with pytest.raises(UnsupportedTargetError, match=r"before index 2 are hyper-connection.*reads indices \[1, 0\]"):
+        EagleDrafter(EagleConfig(version=3), target)
+
+
 MIXTURE_OF_EXPERTS = {"qwen3_moe", "gpt_oss", "mixtral", "qwen2_moe", "olmoe"}
 """The ``ARCHITECTURES`` entries whose layer 0 (the one a drafter copies) routes over experts."""
 
