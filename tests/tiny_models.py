@@ -78,6 +78,17 @@ ARCHITECTURES = {
         n_group=1,
         topk_group=1,
     ),
+    "glm4_moe_lite": dict(  # GLM-4.7-Flash: latent attention with interleaved rotary, MoE after a dense first layer
+        num_key_value_heads=4,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    ),
     "hunyuan_v1_dense": dict(head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     "ministral": dict(head_dim=16, rope_parameters=dict(rope_type="default", rope_theta=10000.0), sliding_window=8),
     "helium": dict(head_dim=16),
@@ -112,7 +123,7 @@ EAGLE_REFUSED = {
     1: {"olmo2", "cohere", "stablelm_parallel", "gptj", "codegen", "gpt2", "gpt_bigcode", "opt", "gpt_neox"}
     | {"falcon", "phi", "dbrx", "exaone4", "olmo3", "glm4", "apertus", "cohere2"},
 }
-EAGLE_REFUSED[3] = EAGLE_REFUSED[1] | {"phi3", "deepseek_v3", "persimmon"}  # fused or latent q/k/v projections
+EAGLE_REFUSED[3] = EAGLE_REFUSED[1] | {"phi3", "deepseek_v3", "glm4_moe_lite", "persimmon"}  # fused or latent q/k/v
 """Per EAGLE version, the ``ARCHITECTURES`` entries whose decoder layer the drafter does not wire, so it refuses to
 build on them (tests/heads/test_architectures.py); it builds on every other one."""
 

@@ -472,8 +472,8 @@ def _check_drafter_layer(layer: nn.Module, rotary: nn.Module, version: int, targ
             f"EAGLE-{version} builds its drafter from {target_name}'s decoder layer ({type(layer).__name__}), which "
             f"has {'; '.join(problems)}. Expected a Llama-style pre-norm layer (Llama, Mistral, Qwen2/3 and their MoE, "
             "Mixtral, OLMoE, GPT-OSS, SmolLM/SmolLM3, Granite, GLM, sequential StableLM, Starcoder2, Olmo, Seed-OSS, "
-            "Arcee, HunYuan, Helium, ERNIE 4.5, Nemotron, Gemma; EAGLE-1 also Phi-3, DeepSeek-V3, Persimmon) or "
-            "Gemma2/3's. Medusa heads and draft models work with this target"
+            "Arcee, HunYuan, Helium, ERNIE 4.5, Nemotron, Gemma; EAGLE-1 also Phi-3, DeepSeek-V3, GLM-4.7-Flash, "
+            "Persimmon) or Gemma2/3's. Medusa heads and draft models work with this target"
             + ("; so does EAGLE-1" if version == 3 and len(problems) == 1 and problems[0].startswith("fused") else "")
             + f", and so does an EAGLE drafter with a Llama layer: {LLAMA_LAYER_HINT}."
         )

@@ -56,7 +56,7 @@ def test_a_target_whose_forward_cannot_take_a_tree_is_refused_with_the_reason(mo
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_every_family_the_suite_decodes_passes_the_probe_and_decodes_its_own_tokens(name):
-    """All 46 tested families (MoE, latent attention, attention sinks, learned absolute positions, parallel blocks,
+    """All 47 tested families (MoE, latent attention, attention sinks, learned absolute positions, parallel blocks,
     sliding windows, ...) give each tree node its path's logits, and a Medusa head over a wide tree with the target's
     own continuation planted in it (accepted through later siblings) decodes exactly their greedy tokens."""
     target = tiny_named(name)

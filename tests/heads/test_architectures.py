@@ -27,7 +27,7 @@ LLAMA_STYLE = (
     "olmoe hunyuan_v1_dense ministral helium ernie4_5 nemotron"
 ).split()
 """Families whose decoder layer the drafter wires as a Llama-style pre-norm block (beyond Llama, Qwen3 and Phi-3)."""
-EAGLE1_ONLY = ["deepseek_v3", "persimmon"]
+EAGLE1_ONLY = ["deepseek_v3", "glm4_moe_lite", "persimmon"]
 """Llama-style blocks whose attention has no separate q/k/v projections for EAGLE-3 to widen (latent, fused)."""
 
 
