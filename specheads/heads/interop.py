@@ -95,6 +95,25 @@ def export_head(
     if engine not in ENGINES:
         raise ExportError(f"engine must be one of {ENGINES}, found {engine!r}")
     out = Path(out_dir)
+    if isinstance(head, DraftModel):
+        return _export_draft_model(head, out, dtype, tokenizer)
+    config, tensors = serving_checkpoint(head, target, engine)
+    tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
+    config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
+    config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    safetensors.torch.save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
+    make_readable(out / CONFIG_NAME)
+    make_readable(out / WEIGHTS_NAME)
+    return [CONFIG_NAME, WEIGHTS_NAME]
+
+
+def serving_checkpoint(
+    head: DraftHead, target: PreTrainedModel, engine: str = "vllm"
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The config and tensors ``export_head`` writes for an EAGLE head or Medusa heads, after every check that the
+    engine computes what the head does; raises ``ExportError`` with the reason where it would not."""
     if isinstance(head, EagleDrafter) and head.version == 1:
         config, tensors = _eagle1_checkpoint(head, target, engine)
     elif isinstance(head, EagleDrafter):
@@ -105,20 +124,24 @@ def export_head(
                 "specheads exports Medusa heads for vLLM only (its MedusaModel format); use --engine vllm"
             )
         config, tensors = _medusa_checkpoint(head)
-    elif isinstance(head, DraftModel):
-        return _export_draft_model(head, out, dtype, tokenizer)
     else:
         raise ExportError(f"no serving format for {type(head).__name__}")
     check_no_logit_finish(head, target)
-    tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
-    config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
-    config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for
-    out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    safetensors.torch.save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
-    make_readable(out / CONFIG_NAME)
-    make_readable(out / WEIGHTS_NAME)
-    return [CONFIG_NAME, WEIGHTS_NAME]
+    return config, tensors
+
+
+def export_obstacle(head: DraftHead, target: PreTrainedModel, engine: str = "vllm") -> str | None:
+    """Why ``specheads export`` would refuse ``head`` for ``engine``, or None when it would write it: training says
+    so before a run, so that a head meant for serving is trained with settings that export."""
+    if isinstance(head, DraftModel):  # a plain transformers model folder: every engine loads it
+        return None
+    try:
+        serving_checkpoint(head, target, engine)
+    except ExportError as error:
+        return str(error)
+    except Exception as error:  # advice only: a check that cannot run here must not stop the training it advises
+        return f"the export checks fail on it ({type(error).__name__}: {error})"
+    return None
 
 
 def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

@@ -33,6 +33,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
 from specheads.heads.borrowed import warn_on_unknown_logit_finish
+from specheads.heads.interop import export_obstacle
 from specheads.heads.tree_layers import warn_if_trees_cannot_be_verified
 from specheads.target import load_target
 from specheads.training.accumulation import accumulation_rounds, micro_batches, token_weights
@@ -97,9 +98,11 @@ def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) ->
     """
     warn_on_unknown_logit_finish(target)
     warn_if_trees_cannot_be_verified(target)
-    if cfg.head.init_from:
-        return _warm_start(cfg, target)
-    return _fresh_head(cfg, target, train_dataset).float()
+    head = _warm_start(cfg, target) if cfg.head.init_from else _fresh_head(cfg, target, train_dataset).float()
+    reason = export_obstacle(head, target)
+    if reason is not None:  # the head still trains and decodes with specheads; serving it elsewhere needs others
+        logger.info("`specheads export` (vLLM) will refuse this head as configured: %s", reason)
+    return head
 
 
 def _fresh_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import warnings
 
 import pytest
-from tiny_models import make_tiny_llama
+from tiny_models import make_tiny_llama, tiny_named
 from train_helpers import REPO
 
 from specheads.heads import HeadConfigError
@@ -45,3 +47,26 @@ def test_training_on_a_target_the_decoder_would_refuse_warns_first():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build_head(cfg, make_tiny_llama(), None)  # an attention-only target: no such warning
+
+
+def test_training_says_before_the_run_when_the_head_will_not_export(caplog):
+    """A head meant for vLLM/SGLang is trained with settings that export: training names what `specheads export`
+    would refuse (Qwen2's q/k/v biases in the target's own layer; EAGLE-1's input norm) and what to set instead,
+    and says nothing for a head that exports (EAGLE-3 on a Llama target, or with a Llama layer on Qwen2)."""
+    eagle3 = REPO / "configs" / "eagle3" / "smollm2-135m.yaml"
+    vocab = ["head.options.draft_vocab_size=64"]
+    cases = [
+        (eagle3, vocab, tiny_named("qwen2"), r"extra tensors.*head\.options\.draft_layer=llama"),
+        (REPO / "configs" / "eagle1" / "smollm2-135m.yaml", [], make_tiny_llama(), r"input_norm=false"),
+        (eagle3, vocab, make_tiny_llama(), None),
+        (eagle3, [*vocab, "head.options.draft_layer=llama"], tiny_named("qwen2"), None),
+    ]
+    for path, overrides, target, refusal in cases:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="specheads.training.loop"):
+            build_head(load_config(path, overrides), target, TOKENS)
+        said = [r.getMessage() for r in caplog.records if "will refuse this head" in r.getMessage()]
+        if refusal is None:
+            assert not said
+        else:
+            assert len(said) == 1 and re.search(refusal, said[0]), said
