@@ -396,8 +396,8 @@ def _auto_draft_layer(target: PreTrainedModel, config: EagleConfig) -> str:
     name = type(target).__name__
     try:
         layer, rotary = _target_layer(target, device="meta")
-    except UnsupportedTargetError as refusal:  # no `.layers` or `.rotary_emb` (GPT-2, Falcon, ...)
-        problems = [str(refusal).split(";")[0]]
+    except UnsupportedTargetError as refusal:  # no `.layers` or `.rotary_emb` (GPT-2, Falcon, ...), or no full form
+        problems = [str(refusal)]
     else:
         problems, _ = _drafter_layer_problems(layer, rotary, config.version)
         experts = sorted({type(m).__name__ for n, m in layer.named_modules() if n.rpartition(".")[2] == "experts"})
@@ -405,7 +405,7 @@ def _auto_draft_layer(target: PreTrainedModel, config: EagleConfig) -> str:
             problems = [f"a mixture-of-experts layer ({', '.join(experts)}) that the drafter would copy whole"]
     if problems:
         logger.info(
-            "EAGLE-%d drafter for %s: a dense Llama layer (draft_layer=auto) instead of the target's own, which has %s",
+            "EAGLE-%d drafter for %s: a dense Llama layer (draft_layer=auto) instead of the target's own: %s",
             config.version,
             name,
             "; ".join(problems),
