@@ -4,6 +4,7 @@ a target with the same reason)."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 from transformers import DynamicCache, PreTrainedModel
@@ -23,8 +24,16 @@ def tree_obstacle(target: PreTrainedModel) -> str | None:
     Only attention layers take a tree: a recurrent layer (linear attention, a state-space or convolution layer, as in
     Qwen3-Next, Jamba, LFM2, Falcon-H1) folds every node it is fed into one state, whatever the mask says, and that
     state cannot be cut back to the accepted path, nor can a compressed attention cache (DeepSeek-V4, HY-V4);
-    chunked attention (Llama 4) needs a mask the verifier does not build."""
+    chunked attention (Llama 4) needs a mask the verifier does not build; a model whose forward takes no ``cache``
+    (RWKV, GPT-1) has no prefix cache to verify against."""
     name = type(target).__name__
+    if "cache" not in inspect.signature(type(target).forward).parameters:
+        return (
+            f"{name}'s forward takes no `cache`: it keeps no transformers key/value cache (RWKV passes its recurrent "
+            "state as `state`, XLNet and GPT-1 keep none), so a tree's nodes cannot be verified against a cached "
+            "prefix and rolled back to the accepted path. Expected a model whose forward takes `cache` (a "
+            "DynamicCache), as every attention decoder in transformers does"
+        )
     kinds = {type(layer).__name__ for layer in DynamicCache(config=target.config).layers}
     if not kinds <= set(ATTENTION_CACHE_LAYERS):
         return (

@@ -94,6 +94,8 @@ LAYERS_WITHOUT_TREES = {  # family: (its options, what the refusal names)
     "jamba": ({}, "LinearAttentionLayer"),
     "deepseek_v4": ({}, "DeepseekV4HCACache.*compressed or indexed attention caches"),  # compressed attention
     "hy_v4": ({}, "DynamicIndexedLayer"),  # indexed attention
+    "rwkv": ({}, "RwkvForCausalLM's forward takes no `cache`"),  # its recurrent state is its own `state` argument
+    "openai-gpt": ({}, "forward takes no `cache`"),  # no cache at all
     "llama4_text": (
         dict(
             head_dim=16,
@@ -105,18 +107,20 @@ LAYERS_WITHOUT_TREES = {  # family: (its options, what the refusal names)
         "chunked_attention",
     ),
 }
+WITHOUT_SDPA = ("deepseek_v4", "hy_v4", "rwkv", "openai-gpt")
 
 
 @pytest.mark.parametrize("model_type", list(LAYERS_WITHOUT_TREES))
 def test_targets_with_layers_that_cannot_take_a_tree_are_refused_before_decoding(model_type):
     """Recurrent layers (linear attention, state-space, convolution) fold every node of a tree into one state that
     cannot be cut back to the accepted path, as compressed or indexed attention caches (DeepSeek-V4, HY-V4, which
-    have no sdpa) keep summaries over several tokens, and chunked attention needs another mask: refused at construction,
-    naming the layers, where they would otherwise fail mid-request inside transformers' cache (or decode wrongly)."""
+    have no sdpa) keep summaries over several tokens, chunked attention needs another mask, and RWKV and GPT-1 take no
+    cache at all: refused at construction, naming the layers, where they would otherwise fail mid-request inside
+    transformers' cache (or decode wrongly)."""
     from tests.tiny_models import tiny_family
 
     options, named = LAYERS_WITHOUT_TREES[model_type]
-    model = tiny_family(model_type, attn="eager" if model_type in ("deepseek_v4", "hy_v4") else "sdpa", **options)
+    model = tiny_family(model_type, attn="eager" if model_type in WITHOUT_SDPA else "sdpa", **options)
     with pytest.raises(ValueError, match=f"{named}.*Decode this target with transformers' generate"):
         SpeculativeGenerator(model, TinyTokenizer())
 
