@@ -166,6 +166,7 @@ def with_lookup_branch(spec: DrafterSpec, num_tokens: int, solo_ngram: int | str
     ``"auto"``: the length the cost model prices best on the ``auto`` tree's calibration (``choose_lookup_solo``)."""
     if num_tokens < 1:
         raise ValueError(f"a lookup branch needs num_tokens >= 1, got {num_tokens}")
+    check_solo_length(solo_ngram)
     branch = f" + lookup branch (up to {num_tokens} tokens, n-gram >= {DEFAULT_LOOKUP_MIN_NGRAM}"
     if spec.drafter is None:
         drafter = PromptLookupDrafter(num_tokens, min_ngram=DEFAULT_LOOKUP_MIN_NGRAM, max_ngram=LOOKUP_MAX_NGRAM)
@@ -191,8 +192,6 @@ def with_lookup_branch(spec: DrafterSpec, num_tokens: int, solo_ngram: int | str
             LOOKUP_MAX_NGRAM,
         )
         solo_ngram, solo = priced.solo_ngram, f"; auto: {priced.describe()}"
-    elif isinstance(solo_ngram, str):
-        raise ValueError(f"solo_ngram must be None, an n-gram length or 'auto', got {solo_ngram!r}")
     drafter = LookupBranchDrafter(spec.drafter, num_tokens, max_ngram=LOOKUP_MAX_NGRAM, solo_ngram=solo_ngram)
     return DrafterSpec(drafter, f"{spec.tree}{branch}{narrow}{solo})", spec.auto, spec.calibration)
 
@@ -245,9 +244,22 @@ def parse_solo_length(value: str) -> int | str:
     if value == "auto":
         return value
     try:
-        return int(value)
+        length = int(value)
     except ValueError:
         raise ValueError(f"expected an n-gram length (2 or 3) or 'auto', got {value!r}") from None
+    check_solo_length(length)
+    return length
+
+
+def check_solo_length(solo_ngram: int | str | None) -> None:
+    """Refuse a lookup-alone length the lookup branch cannot match, before a tree is calibrated for it."""
+    if solo_ngram is None or solo_ngram == "auto":
+        return
+    if isinstance(solo_ngram, str) or not DEFAULT_LOOKUP_MIN_NGRAM <= solo_ngram <= LOOKUP_MAX_NGRAM:
+        raise ValueError(
+            f"the lookup-alone length is an n-gram length the lookup branch matches, {DEFAULT_LOOKUP_MIN_NGRAM} to "
+            f"{LOOKUP_MAX_NGRAM}, or 'auto'; got {solo_ngram!r}"
+        )
 
 
 def remember_tree(
@@ -301,6 +313,7 @@ def auto_tree_drafter(
 
     ``log`` receives one line per stage (the cost curve and the calibration take a while on first use).
     ``cache_dir`` defaults to ``$SPECHEADS_CACHE`` or ``~/.cache/specheads``, as for ``specheads generate``."""
+    check_solo_length(lookup_solo)  # before the calibration, which takes a while
     cache_dir = cache_root() if cache_dir is None else cache_dir
     path = auto_tree_cache_path(cache_dir, head_dir, target)
     cached = None if recalibrate else cached_tree(path)

@@ -137,7 +137,7 @@ class SpeculativeGenerator:
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        stop: Sequence[str] | str = (),
+        stop: Sequence[str] | str | None = (),
         seed: int | None = None,
         stream: Callable[[str], None] | None = None,
     ) -> GenerationResult:
@@ -176,7 +176,7 @@ class SpeculativeGenerator:
         temperature: float = 0.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        stop: Sequence[str] | str = (),
+        stop: Sequence[str] | str | None = (),
         seed: int | None = None,
         stream: Callable[[str], None] | None = None,
     ) -> GenerationResult:
@@ -189,7 +189,7 @@ class SpeculativeGenerator:
                 f"acceptance='greedy' keeps the target's argmax, so it decodes at temperature 0 only; got "
                 f"temperature {temperature}. Use temperature=0, or acceptance='speculative' to sample (lossless)"
             )
-        stop = [stop] if isinstance(stop, str) else list(stop)
+        stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
         rule = "greedy" if sampling.greedy else self.acceptance
         input_ids = self.encode(prompt)  # (T,)
         req = self.prefill(input_ids, sampling, seed, rule)
@@ -201,16 +201,16 @@ class SpeculativeGenerator:
             # 1. draft: a tree rooted at the last committed token (the root alone while backoff says drafting
             #    does not pay)
             t0 = time.perf_counter()
+            prefix_len = req.cache.get_seq_length()  # the root goes at this position, depth-d nodes at + d
+            if self.max_context and prefix_len >= self.max_context:
+                req.stats.stop_reason = "context_full"  # not even the root has a position left: draft nothing
+                break
             drafting = self.drafter is not None and (backoff is None or backoff.should_draft())
             if not drafting:
                 tree = root_only_tree(req.root, self.target.device)
                 req.stats.plain_steps += self.drafter is not None
             else:
                 tree = self.drafter.propose(req.drafter_state).to(device)
-            prefix_len = req.cache.get_seq_length()  # the root goes at this position, depth-d nodes at + d
-            if self.max_context and prefix_len >= self.max_context:
-                req.stats.stop_reason = "context_full"  # not even the root has a position left
-                break
             ancestors = _ancestors(tree)
             # of the deepest node; the root is depth 0 (a static tree knows it without a device sync)
             depth = tree.structure.max_depth if tree.structure is not None else int(ancestors.sum(dim=1).max()) - 1

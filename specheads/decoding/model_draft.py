@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, draw_children
+from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, draw_children, root_only_tree
 from specheads.decoding.kv_cache import crop_to, new_cache
 from specheads.decoding.tree import chain_parents
 from specheads.heads import DraftModel
@@ -49,6 +49,8 @@ class DraftModelDrafter:
         self.model = head.model
         self.draft_length, self.min_length, self.max_length = draft_length, min_length, max_length
         self.layer_ids = []
+        # positions the draft model has (learned position embeddings, as GPT-2's and OPT's, end there); 0: no limit
+        self.max_positions = int(getattr(self.model.config.get_text_config(), "max_position_embeddings", 0) or 0)
 
     def begin(
         self,
@@ -63,9 +65,16 @@ class DraftModelDrafter:
 
     def propose(self, state: DraftModelState) -> DraftTree:
         device = self.model.device
+        # The root goes at position p = committed + pending and the k-th drafted token at p + k; the last one is
+        # never fed, so a chain of L tokens needs positions up to p + L - 1 of the draft model's own.
+        length = state.draft_length
+        if self.max_positions:
+            length = min(length, self.max_positions - state.committed - len(state.pending))
+        if length < 1:  # the root has no position left in the draft model: a plain step (fed next time)
+            return root_only_tree(state.root, device)
         feed = torch.tensor(state.pending + [state.root], device=device).unsqueeze(0)  # (1, m)
         chain, q_rows = [state.root], []
-        for _ in range(state.draft_length):
+        for _ in range(length):
             out = self.model(input_ids=feed, cache=state.cache, use_cache=True, logits_to_keep=1)  # feed may be long
             logits = out.logits[0, -1]  # (V,)
             q = state.sampling.probs(logits)
@@ -92,17 +101,19 @@ class DraftModelDrafter:
             state.root = root
             return
         state.proposed = False
-        # The cache holds the old root and the first draft_length - 1 chain tokens beyond the committed rows. Those
-        # rows stay valid up to the first accepted token that is not the chain's: with a lookup branch grafted on
-        # (LookupBranchDrafter) the accepted path can leave the chain.
+        # The cache holds the old root and the first L - 1 of the L chain tokens beyond the committed rows (L is
+        # draft_length, or less at the end of the draft model's positions). Those rows stay valid up to the first
+        # accepted token that is not the chain's: with a lookup branch grafted on (LookupBranchDrafter) the
+        # accepted path can leave the chain.
+        drafted = len(state.last_chain)
         accepted = next((i for i, (a, b) in enumerate(zip(fed[1:], state.last_chain)) if a != b), len(fed) - 1)
-        accepted = min(accepted, len(state.last_chain))  # chain tokens the target accepted
-        in_cache = min(1 + accepted, state.draft_length)
+        accepted = min(accepted, drafted)  # chain tokens the target accepted
+        in_cache = min(1 + accepted, drafted)
         crop_to(state.cache, state.committed + in_cache)
         state.committed += in_cache
         state.pending = fed[in_cache:]
         state.root = root
-        if accepted == state.draft_length:
+        if accepted == drafted:
             state.draft_length = min(state.draft_length + 1, self.max_length)
-        elif accepted < state.draft_length // 2:
+        elif accepted < drafted // 2:
             state.draft_length = max(state.draft_length - 1, self.min_length)

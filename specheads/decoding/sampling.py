@@ -76,6 +76,7 @@ UNAPPLIED_GENERATION_SETTINGS = {
     "begin_suppress_tokens": None,
     "sequence_bias": None,
     "min_p": None,
+    "top_h": None,
     "typical_p": 1.0,
     "epsilon_cutoff": 0.0,
     "eta_cutoff": 0.0,
@@ -89,6 +90,7 @@ UNAPPLIED_GENERATION_SETTINGS = {
     "forced_bos_token_id": None,
     "stop_strings": None,
     "max_time": None,
+    "token_healing": False,  # generate re-tokenizes the prompt's end first
 }
 """Logits processors of a target's generation config that the speculative loop does not apply, and their neutral
 values. ``top_k``, ``top_p`` and ``temperature`` are arguments of ``generate`` instead, and so is ``stop`` (the

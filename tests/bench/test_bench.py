@@ -321,3 +321,6 @@ def test_bench_refuses_an_automatic_solo_length_on_a_fixed_tree_and_bad_lengths(
     with pytest.raises(SystemExit):
         bench_main(["--head", "runs/none", "--lookup-branch", "5", "--lookup-solo", "two"])
     assert "expected an n-gram length (2 or 3) or 'auto', got 'two'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_main(["--head", "runs/none", "--lookup-branch", "5", "--lookup-solo", "4"])
+    assert "the lookup branch matches, 2 to 3, or 'auto'; got 4" in capsys.readouterr().err

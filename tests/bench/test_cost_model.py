@@ -365,6 +365,9 @@ def test_auto_tree_caches_the_priced_lookup_solo_length_per_branch_size(tiny_lla
             head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append, lookup_branch=branch, lookup_solo=solo
         )
 
+    with pytest.raises(ValueError, match="2 to 3, or 'auto'; got 5"):  # before the calibration, not after it
+        build(4, 5)
+    assert lines == [] and not auto_tree_cache_path(cache, head_dir, tiny_llama).exists()
     first = build(4, "auto")
     record = json.loads(auto_tree_cache_path(cache, head_dir, tiny_llama).read_text())
     assert any("calibrating" in x for x in lines) and list(record["lookup_solo"]) == ["4"]

@@ -186,6 +186,16 @@ def test_a_generation_config_that_samples_is_flagged(target):
     assert any("min_new_tokens" in str(w.message) for w in caught)
 
 
+@pytest.mark.parametrize("setting", [dict(top_h=0.4), dict(token_healing=True), dict(min_p=0.1)])
+def test_settings_that_generate_applies_when_it_samples_or_encodes_are_flagged(target, setting):
+    """transformers' generate applies top-h whenever it samples and heals the prompt's last token first; the loop
+    does neither, so a config with either set is named (as min-p is), not passed over."""
+    for key, value in setting.items():
+        setattr(target.generation_config, key, value)
+    with pytest.warns(UserWarning, match=f"sets {setting}, which speculative decoding does not apply"):
+        _plain(target)
+
+
 def test_generation_settings_changed_after_construction_are_flagged_at_generate(target):
     """The target's generation config is read on every call (as EOS is): a repetition penalty set after the
     generator was built, or a forced first token, is flagged when generate runs, once per change."""

@@ -50,7 +50,7 @@ def test_generate_plain_then_medusa_head_then_lookup(smollm2, tmp_path, capsys):
     assert "--lookup-solo 2 needs --lookup-branch N" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         generate_main([*common, *medusa_branch, "--lookup-solo", "1"])
-    assert "solo_ngram must lie in [min_ngram, max_ngram] = [2, 3], got 1" in capsys.readouterr().err
+    assert "the lookup-alone length is an n-gram length the lookup branch matches, 2 to 3" in capsys.readouterr().err
 
 
 def test_generate_with_a_medusa2_head_says_it_decodes_the_adapted_target(smollm2, tmp_path, capsys):
@@ -140,6 +140,8 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
         ([*common, "--recalibrate"], "--recalibrate re-measures the auto tree: it needs --tree auto"),
         ([*common, "--lookup-branch", "4", "--lookup-solo", "auto"], "--lookup-solo auto is priced on the auto tree"),
         ([*common, "--lookup-branch", "4", "--lookup-solo", "two"], "expected an n-gram length (2 or 3) or 'auto'"),
+        # refused as it is parsed: with --tree auto it used to end in a traceback after the calibration
+        ([*common, "--tree", "auto", "--lookup-branch", "4", "--lookup-solo", "5"], "2 to 3, or 'auto'; got 5"),
     ]:
         with pytest.raises(SystemExit):
             generate_main(["--prompt", "Hi", *bad])

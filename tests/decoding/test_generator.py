@@ -15,7 +15,7 @@ from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
 from tests.decoding.planted import PlantedDrafter, greedy_continuation
-from tests.tiny_models import tiny_family
+from tests.tiny_models import tiny_family, tiny_named
 
 PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
 
@@ -186,6 +186,37 @@ def test_an_accepting_drafter_stops_at_the_last_position_of_the_context(tiny_lla
     assert ours.stats.accepted_lengths == [3, 3, 3, 0, 0, 0]
 
 
+@pytest.mark.parametrize("family", ["gpt2", "opt", "gpt_bigcode"])
+def test_a_draft_model_with_learned_positions_stops_at_the_end_of_the_context(family):
+    """GPT-2, OPT and GPTBigCode embed positions from a table of max_position_embeddings rows: a draft model of
+    theirs must not feed a token past it (an IndexError before), and must not draft at all once the root has no
+    position left, even for a prompt that fills the whole context (which still yields one token)."""
+    target = tiny_named(family, attn="sdpa")
+    target.generation_config.eos_token_id = None
+    context = target.config.max_position_embeddings
+    for length in (context - 10, context):
+        prompt = torch.randint(0, 128, (length,), generator=torch.Generator().manual_seed(1))
+        plain = SpeculativeGenerator(target, TinyTokenizer()).generate(prompt, max_new_tokens=40)
+        drafter = DraftModelDrafter(DraftModel.from_target(target, 1).eval(), draft_length=4)
+        ours = SpeculativeGenerator(target, TinyTokenizer(), drafter).generate(prompt, max_new_tokens=40)
+        assert ours.token_ids == plain.token_ids and len(plain.token_ids) == context - length + 1
+        assert ours.stats.stop_reason == plain.stats.stop_reason == "context_full"
+
+
+def test_a_draft_model_with_a_shorter_context_than_the_target_shortens_its_chains_there(tiny_llama):
+    """A draft model made for 490 positions beside a 512-position target: its chain is cut where it would pass its
+    own last position (the root at 488 leaves room for 2 tokens), then it drafts nothing, and every token is still
+    the target's. The whole target as draft model gets every draft accepted, so the lengths show the cut."""
+    prompt = torch.randint(0, 128, (480,), generator=torch.Generator().manual_seed(1))
+    expected = greedy_continuation(tiny_llama, prompt, 512 - 480 + 1)
+    whole_target = DraftModel.from_target(tiny_llama, 2).eval()
+    whole_target.model.config.max_position_embeddings = 490
+    perfect = DraftModelDrafter(whole_target, draft_length=3, min_length=3, max_length=3)
+    ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), perfect).generate(prompt, max_new_tokens=40)
+    assert ours.token_ids == expected and ours.stats.stop_reason == "context_full"
+    assert ours.stats.accepted_lengths == [3, 3, 2] + [0] * 21  # roots at 480, 484, 488; then 491..511 alone
+
+
 def test_greedy_acceptance_refuses_sampling_and_typical_honours_top_k(tiny_llama):
     drafter = tiny_drafters(tiny_llama)["medusa"]
     with pytest.raises(ValueError, match="acceptance='greedy' keeps the target's argmax"):
@@ -206,6 +237,8 @@ def test_a_stop_string_given_alone_is_one_string(tiny_llama):
     listed = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12, stop=[stop])
     assert alone.token_ids == listed.token_ids and alone.stats.stop_reason == "stop_string"
     assert len(listed.token_ids) > 1  # read letter by letter, " w..." would stop at the first token's space
+    unset = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12, stop=None)
+    assert unset.token_ids == plain.token_ids and unset.stats.stop_reason == "max_new_tokens"
 
 
 SLIDING_TARGETS = {  # window 16; every layer sliding (Mistral), or sliding and full layers mixed
