@@ -11,8 +11,9 @@ checkpoints written in that format (by SpecForge or the EAGLE authors) as speche
   (with ``original_lm_head`` and the target's matrix as ``lm_heads.0`` when the heads share it).
 - **Draft model** -> a plain transformers model folder with the tokenizer: every engine's draft-model mode and
   transformers' ``assistant_model=`` load it.
-- **EAGLE-1** -> the EAGLE authors' layout both engines read (``LlamaForCausalLM`` config with one layer,
-  ``layers.0.*`` without an input norm, ``fc``; embedding and lm_head shared with the target). The engines' drafter
+- **EAGLE-1** -> the EAGLE authors' layout both engines read (a one-layer Llama config, ``architectures``
+  ``LlamaForCausalLM`` for vLLM and ``LlamaForCausalLMEagle`` for SGLang; ``layers.0.*`` without an input norm,
+  ``fc``; embedding and lm_head shared with the target). The engines' drafter
   has no input norm on its layer (``EagleConfig(input_norm=False)``), and vLLM's has no bias on ``fc``
   (``fc_bias=False``); a head trained otherwise is refused, since no weight mapping reproduces it.
 
@@ -59,6 +60,10 @@ from specheads.heads.medusa import MedusaHeads
 ENGINES = ("vllm", "sglang")
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 """``architectures`` names of a Llama EAGLE-3 draft checkpoint; the first is what SpecForge and SGLang write."""
+
+SGLANG_EAGLE1_ARCHITECTURE = "LlamaForCausalLMEagle"
+"""SGLang's EAGLE-1 drafter for a Llama layer, the ``architectures`` name its EAGLE-1 checkpoints carry: SGLang loads
+the class a draft's config names (vLLM maps a ``LlamaForCausalLM`` draft to its EAGLE drafter itself)."""
 
 EAGLE3_LAYER_PREFIX = "midlayer."
 """The engines' name for the drafter's single decoder layer (``layer.`` here)."""
@@ -196,7 +201,8 @@ def _eagle1_checkpoint(
         tensors["fc.bias"] = head.fc.bias
     elif engine == "sglang":  # SGLang's fc always has a bias
         tensors["fc.bias"] = head.fc.weight.new_zeros(head.fc.out_features)
-    config = _llama_draft_config(head, target, ["LlamaForCausalLM"])
+    architecture = SGLANG_EAGLE1_ARCHITECTURE if engine == "sglang" else "LlamaForCausalLM"
+    config = _llama_draft_config(head, target, [architecture])
     config["specheads"] = {"head_type": "eagle", "version": 1, "layer_ids": list(head.layer_ids)}
     _check_runs_as_llama(head, tensors, "layers.0.", expected, config)
     return config, tensors
@@ -223,6 +229,14 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
     config = _llama_draft_config(head, target, [EAGLE3_ARCHITECTURES[0]])
     config["draft_vocab_size"] = head.draft_vocab_size
     layer_ids = list(head.layer_ids)
+    layers = head.config.target.num_hidden_layers
+    if max(layer_ids) >= layers:
+        raise ExportError(
+            f"the engines capture EAGLE-3's features at the inputs of the target's layers 0..{layers - 1} "
+            f"(hidden_states[i] for i < {layers}); layer_ids {layer_ids} include hidden_states[{layers}], the "
+            "output after the final norm, which no engine hands the drafter. Train with layer ids below "
+            f"{layers} (the default, [2, N // 2, N - 3], is)"
+        )
     if engine == "vllm":
         config["eagle_aux_hidden_state_layer_ids"] = layer_ids
     else:

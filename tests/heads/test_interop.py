@@ -135,6 +135,18 @@ def test_sglang_export_names_layer_outputs_and_loads_back(tmp_path):
     assert loaded.layer_ids == [1, 4, 7]
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_an_eagle3_head_reading_the_final_normed_state_is_refused(tmp_path, engine):
+    """hidden_states[N] of an N-layer target is the output after the final norm; the engines capture features at
+    layer inputs only (0..N-1), so such a head's export would be fed other features than it was trained on."""
+    target = make_tiny_llama(num_layers=4)
+    head = _eagle3_head(target, layer_ids=[1, 2, 4], draft_layer="llama")
+    with pytest.raises(ExportError, match=r"layer_ids \[1, 2, 4\] include hidden_states\[4\], the output after"):
+        export_head(head, target, tmp_path / engine, engine=engine)
+    assert not (tmp_path / engine).exists()
+    export_head(_eagle3_head(target, layer_ids=[1, 2, 3], draft_layer="llama"), target, tmp_path / "ok", engine=engine)
+
+
 def test_exported_eagle3_loads_back_as_the_same_head(tmp_path):
     target = make_tiny_llama(num_layers=6)
     head = _eagle3_head(target)
@@ -257,7 +269,9 @@ def test_eagle1_export_is_what_the_engines_compute(tmp_path, engine, fc_bias):
     export_head(head, target, tmp_path, engine=engine)
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(5))
     engine_logits, config, tensors = _engine_eagle1_logits(tmp_path, target, ids)
-    assert config.architectures == ["LlamaForCausalLM"] and config.num_hidden_layers == 1
+    # SGLang builds the class the config names (its EAGLE-1 drafter); vLLM maps LlamaForCausalLM to its own
+    architecture = "LlamaForCausalLMEagle" if engine == "sglang" else "LlamaForCausalLM"
+    assert config.architectures == [architecture] and config.num_hidden_layers == 1
     assert ("fc.bias" in tensors) == (engine == "sglang")  # SGLang's fc always has one (zeros when trained without)
     positions = torch.arange(8)[None]
     _, expected = head(head.fuse(target(ids, output_hidden_states=True).hidden_states), ids, positions)
