@@ -189,6 +189,8 @@ def _has_type(value: Any, hint: Any) -> bool:
 
 
 def _type_name(hint: Any) -> str:
+    if typing.get_args(hint):  # list[float]: its __name__ is plain "list"
+        return str(hint).replace("typing.", "")
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 

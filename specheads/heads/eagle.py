@@ -157,6 +157,10 @@ class EagleDrafter(DraftHead):
         self.norm = copy.deepcopy(self.layer.input_layernorm)
         vocab_size = record.vocab_size
         draft_vocab = config.draft_vocab_size or vocab_size
+        if draft_vocab < 0:
+            raise HeadConfigError(
+                f"draft_vocab_size={draft_vocab}: expected a token count >= 1, or 0/unset for the full vocabulary"
+            )
         if draft_vocab > vocab_size:
             raise HeadConfigError(
                 f"draft_vocab_size={draft_vocab} exceeds the target's vocabulary of {vocab_size} tokens; the draft "

@@ -11,9 +11,11 @@ from typing import Any
 import safetensors
 import safetensors.torch
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedModel
 
 from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, DraftHead
+from specheads.heads.borrowed import UnsupportedTargetError
 from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleDrafter
@@ -73,7 +75,18 @@ def load_head(
         actual.weight_probe = []  # its own Medusa-2 adapter, merged: other weights by design; names decide
     _check_target(config.target, actual)
     builder = getattr(head_cls, "for_loading", head_cls)
-    head = builder(config, target)
+    try:
+        head = builder(config, target)
+    except (HeadConfigError, HeadLoadError, UnsupportedTargetError):
+        raise
+    except (ValueError, TypeError, ZeroDivisionError, RuntimeError, StrictDataclassError) as err:
+        # values of the right type that no module takes (a head_dim of 0, heads that do not divide the width)
+        reason = str(err).strip().splitlines()
+        raise HeadConfigError(
+            f"{folder / CONFIG_NAME} describes a {head_cls.__name__} that cannot be built "
+            f"({type(err).__name__}: {' '.join(line.strip() for line in reason[:3])}); the file was edited by hand or "
+            "written by another tool: fix the value or re-save the head"
+        ) from err
     if trainable:
         head.float()  # before loading, so an fp32 file's values arrive unrounded
     _load_weights_strict(head, folder / WEIGHTS_NAME)
@@ -91,7 +104,7 @@ def read_head_config(folder: Path) -> dict[str, Any]:
 
 def _checked_head_config(meta: dict[str, Any], path: Path) -> dict[str, Any]:
     head_type = meta.get("head_type")
-    if head_type not in HEADS:
+    if not isinstance(head_type, str) or head_type not in HEADS:
         raise HeadLoadError(f"{path}: unknown head_type {head_type!r}; expected one of {sorted(HEADS)}")
     version = meta.get("format_version")
     if version != FORMAT_VERSION:
@@ -150,10 +163,13 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
         raise HeadLoadError(f"{path.parent} has no {WEIGHTS_NAME}; expected a folder written by head.save_pretrained()")
     try:
         with safetensors.safe_open(str(path), framework="pt") as handle:
-            saved = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+            slices = {name: handle.get_slice(name) for name in handle.keys()}
+            saved = {name: tuple(piece.get_shape()) for name, piece in slices.items()}
+            saved_kinds = {name: _stored_kind(piece.get_dtype()) for name, piece in slices.items()}
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
         raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err
-    expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
+    state = head.state_dict()
+    expected = {name: tuple(t.shape) for name, t in state.items()}
     tied = _tied_aliases(head, set(saved))
     missing = sorted(set(expected) - set(saved) - tied)
     unexpected = sorted(set(saved) - set(expected))
@@ -166,10 +182,47 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
     wrong = [f"{n}: expected {expected[n]}, found {saved[n]}" for n in saved if saved[n] != expected[n]]
     if wrong:
         raise HeadLoadError(f"{path}: tensor shapes do not match the config: " + "; ".join(wrong[:10]))
+    # another float width loads (a bf16 head into an fp32 target); another kind would be converted without a word
+    kinds = [
+        f"{n}: expected {_kind(state[n].dtype)}, found {saved_kinds[n]}"
+        for n in saved
+        if saved_kinds[n] != _kind(state[n].dtype)
+    ]
+    if kinds:
+        raise HeadLoadError(f"{path}: tensor kinds do not match the head's: " + "; ".join(kinds[:10]))
     try:
         safetensors.torch.load_model(head, str(path), strict=True)
     except Exception as err:  # noqa: BLE001 - a truncated payload only shows up while reading tensor data
         raise HeadLoadError(f"{path} could not be read ({err}); the file is corrupt or truncated") from err
+    if isinstance(head, EagleDrafter) and head.version == 3:  # EAGLE-1 drafts over the whole vocabulary
+        _check_vocab_maps(head, path)
+
+
+def _kind(dtype: torch.dtype) -> str:
+    return "bool" if dtype == torch.bool else "float" if dtype.is_floating_point else "integer"
+
+
+def _stored_kind(code: str) -> str:
+    """The kind of a safetensors dtype code (``F32``, ``BF16``, ``F8_E4M3``, ``I64``, ``U8``, ``BOOL``)."""
+    return "bool" if code == "BOOL" else "float" if code.startswith(("F", "BF")) else "integer"
+
+
+def _check_vocab_maps(head: EagleDrafter, path: Path) -> None:
+    """``d2t`` names distinct target tokens and ``t2d`` is its inverse: a hand-made or edited map that is not would
+    draft other tokens than the head scored."""
+    vocab, d2t = head.t2d.numel(), head.d2t
+    if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= vocab or d2t.unique().numel() != d2t.numel()):
+        raise HeadLoadError(
+            f"{path}: d2t must name {d2t.numel()} distinct target token ids in [0, {vocab}); it holds ids from "
+            f"{int(d2t.min())} to {int(d2t.max())}, {d2t.unique().numel()} distinct"
+        )
+    inverse = torch.full_like(head.t2d, -1)
+    inverse[d2t] = torch.arange(d2t.numel(), device=d2t.device)
+    if not torch.equal(inverse, head.t2d):
+        raise HeadLoadError(
+            f"{path}: t2d is not the inverse of d2t ({int((inverse != head.t2d).sum())} entries differ); both are "
+            "written by save_pretrained from one vocabulary map: rebuild them with build_vocab_maps"
+        )
 
 
 def _tied_aliases(head: DraftHead, saved: set[str]) -> set[str]:

@@ -410,6 +410,9 @@ def test_lora_adapter_on_a_bf16_target_stays_unmerged_so_small_updates_survive(t
         (("config", "num_heads"), "2", "num_heads: expected int, found str"),
         (("config", "target", "vocab_size"), "128", "target.vocab_size: expected int, found str"),
         (("config", "layer_ids"), [99], "one hidden-state index in \\[0, 2\\]"),
+        (("head_type",), ["medusa"], "unknown head_type \\['medusa'\\]"),
+        (("config", "num_heads"), 0, "needs num_heads >= 1 and num_layers >= 0, found num_heads=0, num_layers=1$"),
+        (("config", "target", "weight_probe"), ["a"] * 4, "weight_probe: expected list\\[float\\], found list"),
     ],
 )
 def test_hand_edited_config_values_are_clear_errors(saved_medusa, tiny_llama, where, value, message):
@@ -424,6 +427,56 @@ def test_hand_edited_config_values_are_clear_errors(saved_medusa, tiny_llama, wh
     path.write_text(json.dumps(meta if where else [meta]))
     with pytest.raises((HeadLoadError, HeadConfigError), match=message):
         load_head(saved_medusa, tiny_llama)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (dict(intermediate_size="128"), r"cannot be built \(StrictDataclassFieldValidationError: .*intermediate_size"),
+        (dict(num_attention_heads=3), r"cannot be built .*not a multiple of the number of attention heads \(3\)"),
+        (dict(head_dim=0), r"describes a EagleDrafter that cannot be built \(ZeroDivisionError"),
+    ],
+)
+def test_a_hand_edited_llama_layer_that_builds_no_layer_is_a_config_error(tiny_llama, tmp_path, edit, message):
+    """Values no Llama layer takes came out of transformers' config validation or the rotary setup as tracebacks
+    (through `specheads generate` and `export` too, which print config errors as one line)."""
+    EagleDrafter(EagleConfig(version=3, draft_layer="llama"), tiny_llama).save_pretrained(tmp_path)
+    _edit_config(tmp_path, lambda meta: meta["config"]["llama_layer"].update(edit))
+    with pytest.raises(HeadConfigError, match=message):
+        load_head(tmp_path, tiny_llama)
+
+
+@pytest.mark.parametrize(
+    "name, change, message",
+    [
+        ("fc.weight", lambda t: (t * 100).to(torch.int8), "fc.weight: expected float, found integer"),
+        ("fc.weight", lambda t: t > 0, "fc.weight: expected float, found bool"),
+        ("d2t", lambda t: t.float() + 0.6, "d2t: expected integer, found float"),
+        ("t2d", lambda t: torch.roll(t, 1), r"t2d is not the inverse of d2t \(\d+ entries differ\)"),
+        ("d2t", lambda t: torch.zeros_like(t), "d2t must name 48 distinct target token ids in \\[0, 128\\)"),
+    ],
+)
+def test_tensors_of_another_kind_or_inconsistent_vocabulary_maps_are_refused(
+    tiny_llama, tmp_path, name, change, message
+):
+    """The strict loader checked names and shapes only: an int8 or bool weight, or a float d2t, were converted on
+    load without a word, and a t2d that contradicts d2t scored drafts against other tokens than it proposed."""
+    _heads(tiny_llama)["eagle3-reduced"].save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors[name] = change(tensors[name])
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(HeadLoadError, match=message):
+        load_head(tmp_path, tiny_llama)
+
+
+def test_a_head_saved_in_another_float_width_still_loads(tiny_llama, tmp_path):
+    head = _heads(tiny_llama)["eagle3-reduced"]
+    head.save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    save_file(
+        {k: v.bfloat16() if v.is_floating_point() else v for k, v in tensors.items()}, tmp_path / "model.safetensors"
+    )
+    assert torch.equal(load_head(tmp_path, tiny_llama).d2t, head.d2t)
 
 
 def test_medusa_heads_rebuilt_for_loading_do_not_read_the_targets_lm_head(tiny_llama):
