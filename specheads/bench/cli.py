@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -326,6 +326,8 @@ def run_bench(
         from specheads.target import load_target
 
         target, tokenizer = load_target(settings.target, dtype=dtype, device=device)
+    else:  # a target handed in (the Python API): the report names it, not the settings' default
+        settings = replace(settings, target=str(getattr(target.config, "name_or_path", "") or type(target).__name__))
     device, dtype = target.device, next(target.parameters()).dtype
     prompts = [(q, render_prompt(tokenizer, q.prompt, device)) for q in questions]
     calibration, calibration_source, calibration_ids = calibration_prompts(
@@ -377,6 +379,22 @@ def bench_main(argv: list[str] | None = None) -> int:
         parser.error(
             f"--lookup-solo auto is priced on the auto tree's calibration: it needs --tree auto, got {args.trees}"
         )
+    if not args.heads:  # options that only shape the heads' methods would be recorded as if applied
+        given = [
+            option
+            for option, value in [
+                ("--tree", args.trees),
+                ("--backoff", args.backoff),
+                ("--lookup-branch", args.lookup_branch),
+                ("--lookup-solo", args.lookup_solo is not None),
+                ("--recalibrate", args.recalibrate),
+            ]
+            if value
+        ]
+        if given:
+            parser.error(f"{' '.join(given)} shape the heads' methods: they need --head DIR")
+    if args.assistant and "hf-assisted" not in args.methods:
+        parser.error(f"--assistant {args.assistant} is the draft model of hf-assisted, which --methods leaves out")
     settings = BenchSettings(**{k: v for k, v in vars(args).items()})
     settings.trees = settings.trees or ["auto"]
     if not plots_available():  # said before the measurement too, not only after it

@@ -45,19 +45,41 @@ def load_questions(path: str | Path) -> list[Question]:
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        record = json.loads(line)
-        missing = {"question_id", "category", "turns"} - set(record)
-        if missing or not record.get("turns"):
-            raise ValueError(f"{path}:{number}: expected question_id, category and non-empty turns; missing {missing}")
-        qid = int(record["question_id"])
-        questions.append(Question(qid, spec_bench_category(qid, record["category"]), record["turns"][0]))
+        questions.append(_question(line, f"{path}:{number}"))
     return questions
+
+
+def _question(line: str, where: str) -> Question:
+    """One line of a question file, or a ValueError naming the file and line and what it holds instead."""
+    expected = "a JSON object with an integer question_id, a category string and turns, a list of strings"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); expected {expected}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: found a {type(record).__name__}; expected {expected}")
+    missing = sorted({"question_id", "category", "turns"} - set(record))
+    if missing:
+        raise ValueError(f"{where}: missing {missing}; expected {expected}")
+    qid, category, turns = record["question_id"], record["category"], record["turns"]
+    if isinstance(qid, str) and qid.strip().isdigit():
+        qid = int(qid)
+    if isinstance(qid, bool) or not isinstance(qid, int):
+        raise ValueError(f"{where}: question_id is {qid!r}; expected an integer")
+    if not isinstance(category, str) or not category:
+        raise ValueError(f"{where}: category is {category!r}; expected a non-empty string")
+    if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
+        raise ValueError(f"{where}: turns is {turns!r:.80}; expected a list whose first turn is a non-empty string")
+    return Question(qid, spec_bench_category(qid, category), turns[0])
 
 
 def select_per_category(
     questions: list[Question], per_category: int, categories: list[str] | None = None
 ) -> list[Question]:
-    """The first ``per_category`` questions of each category (file order), categories in first-seen order."""
+    """The first ``per_category`` questions of each category (file order), categories in first-seen order (or
+    ``categories``' order, each once)."""
+    if per_category < 1:
+        raise ValueError(f"--per-category must be at least 1, got {per_category}")
     by_category: dict[str, list[Question]] = defaultdict(list)
     for question in questions:
         by_category[question.category].append(question)
@@ -65,7 +87,7 @@ def select_per_category(
         unknown = set(categories) - set(by_category)
         if unknown:
             raise ValueError(f"unknown categories {sorted(unknown)}; the file has {sorted(by_category)}")
-    chosen = categories or list(by_category)
+    chosen = list(dict.fromkeys(categories)) if categories else list(by_category)
     return [q for category in chosen for q in by_category[category][:per_category]]
 
 

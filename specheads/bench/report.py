@@ -126,13 +126,27 @@ def markdown_report(report: dict[str, Any]) -> str:
     return "\n".join(lines + _trees_costs_and_mismatches(report)) + "\n"
 
 
+def _prompts_per_category(report: dict[str, Any]) -> str:
+    """How many prompts each category measured: ``--per-category`` is an upper bound a small file may not reach."""
+    asked = report["config"].get("per_category")
+    measured = {
+        category: group["prompts"]
+        for category, group in report["results"].get(report["baseline"], {}).items()
+        if category != OVERALL
+    }
+    if not measured or set(measured.values()) == {asked}:
+        return f"{asked} prompt(s) per category"
+    counts = ", ".join(f"{category} {count}" for category, count in measured.items())
+    return f"up to {asked} prompt(s) per category (measured: {counts})"
+
+
 def _overall_table(report: dict[str, Any]) -> list[str]:
     config = report["config"]
     greedy = config.get("temperature", 0) == 0
     lines = [
         f"Target `{config.get('target')}` on {config.get('device')} ({config.get('dtype')}), "
         f"T={config.get('temperature')}, {config.get('max_new_tokens')} new tokens, "
-        f"{config.get('per_category')} prompt(s) per category, baseline `{report['baseline']}`.",
+        f"{_prompts_per_category(report)}, baseline `{report['baseline']}`.",
         "",
         "| method | tau | tokens/s | speedup | identical at T=0 | time draft / verify / other | peak mem (MB) |",
         "|---|---|---|---|---|---|---|",

@@ -82,9 +82,44 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     assert sum(t / r["tau"] for t, r in zip(tokens, per_prompt)) == pytest.approx(forwards)
     assert medusa[OVERALL]["tau"] == pytest.approx(sum(tokens) / forwards)
     assert loaded["results"]["generate"][OVERALL]["speedup"] == 1.0
-    assert "| specheads-medusa-untrained |" in paths["markdown"].read_text()
+    markdown = paths["markdown"].read_text()
+    assert "| specheads-medusa-untrained |" in markdown
+    # the target handed in is the one named, not the settings' default; every category measured its 1 prompt
+    assert loaded["config"]["target"] == target.config.name_or_path
+    assert (
+        f"Target `{target.config.name_or_path}`" in markdown and "16 new tokens, 1 prompt(s) per category," in markdown
+    )
     for png in (paths["speedup_png"], paths["acceptance_png"]):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_report_says_when_a_category_had_fewer_prompts_than_asked():
+    from specheads.bench.report import _prompts_per_category
+
+    def report(counts):
+        groups = {category: {"prompts": n} for category, n in counts.items()}
+        return {"config": {"per_category": 3}, "baseline": "generate", "results": {"generate": groups}}
+
+    assert _prompts_per_category(report({"qa": 3, "rag": 3, OVERALL: 6})) == "3 prompt(s) per category"
+    assert _prompts_per_category(report({"qa": 3, "rag": 1, OVERALL: 4})) == (
+        "up to 3 prompt(s) per category (measured: qa 3, rag 1)"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tree", "chain:3", "--backoff"], "--tree --backoff shape the heads' methods: they need --head DIR"),
+        (["--lookup-branch", "4"], "--lookup-branch shape the heads' methods"),
+        (["--methods", "specheads-plain", "--assistant", "runs/dm"], "hf-assisted, which --methods leaves out"),
+    ],
+)
+def test_options_that_would_be_ignored_are_refused(argv, message, capsys):
+    """Without --head, the heads' options ran nothing and were still recorded in results.json as if applied; an
+    --assistant without hf-assisted was never loaded."""
+    with pytest.raises(SystemExit):
+        bench_main(argv)
+    assert message in capsys.readouterr().err
 
 
 def test_baselines_decode_the_models_own_distribution(tiny_llama):

@@ -43,6 +43,41 @@ def test_load_and_select(tmp_path):
     assert [q.question_id for q in select_per_category(questions, 5, ["translation"])] == [161, 162]
     with pytest.raises(ValueError, match="unknown categories"):
         select_per_category(questions, 1, ["poetry"])
+    # a category named twice is measured once; --per-category below 1 sliced [:-1] (dropped the last question)
+    twice = select_per_category(questions, 5, ["translation", "translation"])
+    assert [q.question_id for q in twice] == [161, 162]
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"--per-category must be at least 1, got {bad}"):
+            select_per_category(questions, bad)
+
+
+GOOD = {"question_id": 161, "category": "translation", "turns": ["t1"]}
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ({**GOOD, "turns": "What is the capital?"}, "turns is 'What is the capital\\?'; expected a list"),  # was 'W'
+        ({**GOOD, "turns": [""]}, "expected a list whose first turn is a non-empty string"),
+        ({**GOOD, "turns": [5]}, "turns is \\[5\\]"),
+        ({**GOOD, "turns": {"0": "t"}}, "expected a list whose first turn"),
+        ({**GOOD, "question_id": None}, "question_id is None; expected an integer"),
+        ({**GOOD, "question_id": "abc"}, "question_id is 'abc'"),
+        ({**GOOD, "category": 7}, "category is 7; expected a non-empty string"),
+        ({"question_id": 1}, "missing \\['category', 'turns'\\]"),
+        ("[1, 2]", "found a list"),
+        ('{"question_id": 1,', "not valid JSON"),
+    ],
+)
+def test_odd_question_lines_name_the_file_and_line(tmp_path, line, message):
+    """A string for turns loaded its first character as the prompt, an empty or non-string turn loaded as such, and
+    bad JSON or ids raised without naming the file or the line."""
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n" + (line if isinstance(line, str) else json.dumps(line)) + "\n")
+    with pytest.raises(ValueError, match=f"q.jsonl:3: .*{message}"):
+        load_questions(path)
+    path.write_text(json.dumps({**GOOD, "question_id": "162"}) + "\n")
+    assert load_questions(path)[0].question_id == 162  # an id written as a digit string is read as the number
 
 
 def test_calibration_questions_are_never_measured_and_cover_the_measured_categories(tmp_path):
