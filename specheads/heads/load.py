@@ -73,7 +73,7 @@ def load_head(
     actual = TargetRecord.from_model(target)
     if getattr(target, ADAPTER_MARK, None) == str(adapter.resolve()):
         actual.weight_probe = []  # its own Medusa-2 adapter, merged: other weights by design; names decide
-    _check_target(config.target, actual)
+    _check_target(config.target, actual, reads_features=head_cls is not DraftModel)
     builder = getattr(head_cls, "for_loading", head_cls)
     try:
         head = builder(config, target)
@@ -142,8 +142,21 @@ def resolve_head_folder(dir_or_hub_id: str | os.PathLike, revision: str | None =
     return download_head(str(dir_or_hub_id), revision=revision)
 
 
-def _check_target(record: TargetRecord, actual: TargetRecord) -> None:
+def _check_target(record: TargetRecord, actual: TargetRecord, reads_features: bool = True) -> None:
+    """A head that reads the target's hidden states needs its sizes; a draft model reads only token ids, so any
+    target with its vocabulary takes it (another size of its family, say), with a warning."""
     mismatches = record.shape_mismatches(actual)
+    if mismatches and not reads_features:
+        vocab = [m for m in mismatches if m.startswith("vocab_size")]
+        if not vocab:
+            warnings.warn(
+                f"draft model was distilled for target {record.name_or_path!r} ({'; '.join(mismatches)}); it reads "
+                f"only token ids and shares the vocabulary of {actual.name_or_path!r}, so it loads, but acceptance "
+                "may be poor (the output stays lossless: the target verifies every token)",
+                stacklevel=3,
+            )
+            return
+        mismatches = vocab
     if mismatches:
         raise HeadConfigError(
             f"head was built for target {record.name_or_path!r}, which differs from the given target "

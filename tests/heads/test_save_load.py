@@ -159,6 +159,24 @@ def test_target_with_other_shapes_is_an_error(saved_medusa, kwargs, message):
         load_head(saved_medusa, other)
 
 
+def test_a_draft_model_loads_onto_another_size_of_target_with_its_vocabulary(tmp_path):
+    """A draft model reads token ids only: one for a family's small member drafts for a deeper one, with a word
+    about acceptance; another vocabulary is still refused."""
+    from specheads.decoding import DraftModelDrafter, SpeculativeGenerator
+    from tests.decoding.helpers import TinyTokenizer
+
+    DraftModel.from_target(make_tiny_llama(num_layers=2), 1).save_pretrained(tmp_path)
+    deeper = make_tiny_llama(num_layers=4, seed=1)
+    with pytest.warns(UserWarning, match=r"num_hidden_layers: head was built for 2, target has 4.*it loads"):
+        draft = load_head(tmp_path, deeper)
+    prompt = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(2))
+    plain = SpeculativeGenerator(deeper, TinyTokenizer()).generate(prompt, max_new_tokens=8)
+    drafted = SpeculativeGenerator(deeper, TinyTokenizer(), DraftModelDrafter(draft)).generate(prompt, 8)
+    assert drafted.token_ids == plain.token_ids
+    with pytest.raises(HeadConfigError, match="vocab_size: head was built for 128, target has 256"):
+        load_head(tmp_path, make_tiny_llama(vocab_size=256))
+
+
 def test_other_hidden_size_is_an_error(saved_medusa):
     _edit_config(saved_medusa, lambda m: m["config"]["target"].update(hidden_size=32))
     with pytest.raises(HeadConfigError, match="hidden_size: head was built for 32, target has 64"):
