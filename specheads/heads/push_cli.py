@@ -7,14 +7,15 @@ import json
 import sys
 from pathlib import Path
 
+import safetensors
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from specheads.heads.base import CONFIG_NAME
-from specheads.heads.config import HeadLoadError
+from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
+from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError, files_to_upload, push_folder
 from specheads.heads.interop import is_eagle3_checkpoint
-from specheads.heads.load import read_head_config
+from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config
 
 
 def push_main(argv: list[str] | None = None) -> int:
@@ -37,7 +38,7 @@ def push_main(argv: list[str] | None = None) -> int:
         validate_repo_id(args.repo_id)
         _check_head_folder(Path(args.folder))
         files = files_to_upload(args.folder)
-    except (FileNotFoundError, RuntimeError, HFValidationError) as err:
+    except (FileNotFoundError, RuntimeError, HFValidationError, HeadConfigError) as err:
         print(f"specheads push: {err}", file=sys.stderr)
         return 2
     where = args.repo_id + (f" (branch {args.revision})" if args.revision else "")
@@ -78,4 +79,20 @@ def _check_head_folder(folder: Path) -> None:
             f"{folder}: this is an engine checkpoint written by `specheads export`; push the specheads head folder it "
             "came from, or upload this folder with `hf upload`"
         )
-    read_head_config(folder)
+    meta = read_head_config(folder)
+    HEADS[meta["head_type"]].config_class.from_dict(meta["config"])  # the values' types, as load_head reads them
+    weights = [folder / WEIGHTS_NAME]
+    if (folder / LORA_DIR).is_dir():
+        weights.append(folder / LORA_DIR / ADAPTER_WEIGHTS_NAME)
+    for path in weights:  # the headers: a file nobody could load is not published
+        if not path.is_file():
+            raise HeadLoadError(
+                f"{folder} has no {path.relative_to(folder)}; expected a folder written by save_pretrained"
+            )
+        try:
+            with safetensors.safe_open(str(path), framework="pt") as handle:
+                list(handle.keys())
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
+            raise HeadLoadError(
+                f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated"
+            ) from err

@@ -4,6 +4,7 @@ The Hub is unreachable from CI machines, so everything up to the network call ru
 code (ModelCard parsing, HfApi with offline mode); the upload itself is not exercised here.
 """
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -201,6 +202,38 @@ def test_push_checks_the_repo_id_and_the_folder_before_anything(tiny_llama, tmp_
     assert main(["push", str(tmp_path / "nonexistent"), "me/head", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nonexistent does not exist" in err and "config.json" not in err
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: _set_num_heads(f, "two"), "MedusaConfig.num_heads: expected int, found str 'two'"),
+        (lambda f: (f / "model.safetensors").write_text("garbage"), "model.safetensors is not a readable safetensors"),
+        (lambda f: (f / "model.safetensors").unlink(), "has no model.safetensors"),
+        (lambda f: _fake_adapter(f, b"x"), "lora/adapter_model.safetensors is not a readable safetensors file"),
+    ],
+)
+def test_push_refuses_a_head_that_could_not_be_loaded(tiny_llama, tmp_path, capsys, damage, message):
+    """The dry run said "would upload" for a config with a wrong-typed value or weights that are not safetensors:
+    a real push would have published a head nobody can load."""
+    folder = tmp_path / "head"
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    damage(folder)
+    assert main(["push", str(folder), "me/head", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "would upload" not in err
+
+
+def _set_num_heads(folder, value):
+    meta = json.loads((folder / "config.json").read_text())
+    meta["config"]["num_heads"] = value
+    (folder / "config.json").write_text(json.dumps(meta))
+
+
+def _fake_adapter(folder, payload):
+    (folder / "lora").mkdir()
+    (folder / "lora" / "adapter_config.json").write_text("{}")
+    (folder / "lora" / "adapter_model.safetensors").write_bytes(payload)
 
 
 def test_push_of_an_exported_engine_checkpoint_says_what_to_push(tiny_llama, tmp_path, capsys):
