@@ -75,6 +75,13 @@ class EagleConfig(HeadConfig):
     """``draft_layer=llama`` only: the layer's ``LlamaConfig`` settings (``LLAMA_LAYER_SETTINGS``), read from the
     target when left empty and saved with the head."""
 
+    def __post_init__(self) -> None:  # here, so training's config check refuses it before the target loads
+        if isinstance(self.draft_vocab_size, int) and self.draft_vocab_size < 1:
+            raise HeadConfigError(
+                f"EagleConfig.draft_vocab_size={self.draft_vocab_size}: expected a token count >= 1, or unset for "
+                "the target's full vocabulary"
+            )
+
 
 def build_vocab_maps(
     token_ids: torch.Tensor | Sequence[Sequence[int]], target_vocab_size: int, draft_vocab_size: int
@@ -157,10 +164,6 @@ class EagleDrafter(DraftHead):
         self.norm = copy.deepcopy(self.layer.input_layernorm)
         vocab_size = record.vocab_size
         draft_vocab = config.draft_vocab_size or vocab_size
-        if draft_vocab < 0:
-            raise HeadConfigError(
-                f"draft_vocab_size={draft_vocab}: expected a token count >= 1, or 0/unset for the full vocabulary"
-            )
         if draft_vocab > vocab_size:
             raise HeadConfigError(
                 f"draft_vocab_size={draft_vocab} exceeds the target's vocabulary of {vocab_size} tokens; the draft "

@@ -38,6 +38,14 @@ class MedusaConfig(HeadConfig):
     share_lm_head: bool = False
     """Reuse the frozen target lm_head in every head (far fewer parameters) instead of a trainable copy each."""
 
+    def __post_init__(self) -> None:  # here, so training's config check refuses it before the target loads
+        if isinstance(self.num_heads, int) and isinstance(self.num_layers, int):
+            if self.num_heads < 1 or self.num_layers < 0:
+                raise HeadConfigError(
+                    f"MedusaConfig needs num_heads >= 1 and num_layers >= 0, found num_heads={self.num_heads}, "
+                    f"num_layers={self.num_layers}"
+                )
+
 
 class ResBlock(nn.Module):
     """``x + SiLU(W x + b)`` with W, b zero-initialised: the identity at initialisation."""

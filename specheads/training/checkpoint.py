@@ -209,6 +209,17 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
             f"{checkpoint_root('OUT')}/{_name(200)} written by a training run, or auto (the latest checkpoint in "
             f"train.output_dir).{hint}"
         )
+    if path.resolve().parent != Path(checkpoint_root(output_dir)).resolve():
+        # another run's checkpoint, continued in this folder: what is already here must not be overwritten or mixed
+        found = completed_checkpoints(output_dir)
+        if found:
+            raise ConfigError(
+                f"train.resume={resume} is a checkpoint of another run than {output_dir}'s, whose "
+                f"{checkpoint_root(output_dir)} holds checkpoints of its own ({', '.join(p.name for p in found)}); "
+                "expected an output folder without checkpoints. Give this run another train.output_dir, or resume "
+                f"from a checkpoint of {output_dir}."
+            )
+        _refuse_overwriting_a_head(output_dir, f"train.resume={resume} continues another run's checkpoint here")
     return path
 
 
@@ -228,8 +239,8 @@ def _refuse_overwriting_a_head(output_dir: str | os.PathLike, what: str) -> None
     head = Path(output_dir) / WEIGHTS_NAME
     if head.is_file():
         raise ConfigError(
-            f"{what}, but {output_dir} holds a finished head ({head.name}) and no checkpoint: training from step 0 "
-            f"would overwrite it. To train it further, start from it with head.init_from={output_dir} and another "
+            f"{what}, but {output_dir} holds a finished head ({head.name}) and no checkpoint: this run would "
+            f"overwrite it. To train it further, start from it with head.init_from={output_dir} and another "
             "train.output_dir; to start over, delete it or pick another train.output_dir."
         )
 

@@ -334,6 +334,45 @@ def _check_bounds(cfg: TrainConfig) -> None:
             f"loss.decay must be > 0 (head k / step i is weighted decay**k; at 0 only the first one would learn), "
             f"found {cfg.loss.decay}."
         )
+    _check_more_bounds(cfg)
+
+
+def _check_more_bounds(cfg: TrainConfig) -> None:
+    """Settings that were taken as given and then turned off or inverted what they name (a negative loss weight
+    maximises its loss; eval_batches=0 evaluates nothing), or crashed after the target loaded."""
+    optional_counts = {  # None = not set (the whole split, no early stop, every sample)
+        "train.eval_batches": cfg.train.eval_batches,
+        "train.stop_after": cfg.train.stop_after,
+        "data.max_samples": cfg.data.max_samples,
+    }
+    for name, value in optional_counts.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be >= 1 (or unset), found {value}.")
+    if cfg.data.max_length < 1:
+        raise ConfigError(f"data.max_length must be >= 1 (tokens per sample), found {cfg.data.max_length}.")
+    if cfg.data.eval_size is not None and cfg.data.eval_size < 0:
+        raise ConfigError(f"data.eval_size must be >= 0 (held-out samples; 0 = none), found {cfg.data.eval_size}.")
+    weights = {
+        "loss.feature_weight": cfg.loss.feature_weight,
+        "loss.token_weight": cfg.loss.token_weight,
+        "lora.distill_weight": cfg.lora.distill_weight,
+    }
+    for name, value in weights.items():
+        if value < 0:
+            raise ConfigError(f"{name} must be >= 0 (a negative weight maximises its loss), found {value}.")
+    if cfg.lora.alpha <= 0:
+        raise ConfigError(
+            f"lora.alpha must be > 0 (the adapters' update is scaled by alpha / r: at 0 they never train), found "
+            f"{cfg.lora.alpha}."
+        )
+    betas = list(cfg.train.adam_betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), e.g. [0.9, 0.95]; found {betas}.")
+    if not str(cfg.train.output_dir).strip():
+        raise ConfigError(
+            "train.output_dir is empty: the head, its card and checkpoints would be written into the current "
+            "folder, over any README.md or config.json there. Name a folder, e.g. train.output_dir=runs/my-head."
+        )
 
 
 def _normalise_resume(train: TrainSection) -> None:

@@ -15,6 +15,7 @@ keeps its end-of-turn token in the input but not in the loss (the target did not
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass, field
@@ -124,10 +125,43 @@ CONVERSATION_FEATURES = datasets.Features(
 
 def _conversation(record: dict[str, Any], fmt: str, source: str) -> dict[str, Any]:
     messages = _checked_messages(record, fmt, source)
+    if not messages:
+        raise DataError(f"{source}: the conversation has no turns; expected at least a user turn and an answer")
     answer_ids, finished = record.get("answer_token_ids"), record.get("finished")
     if (answer_ids is not None or finished is not None) and (not messages or messages[-1]["role"] != "assistant"):
         raise DataError(f"{source}: answer_token_ids/finished describe the last turn, which is not an answer")
     return {"messages": messages, "answer_token_ids": answer_ids, "finished": finished}
+
+
+def _read_json_records(path: Path) -> datasets.Dataset:
+    """A JSON or JSONL file as a dataset, or a DataError naming the file (and for JSONL, the first line that is not
+    a JSON record) instead of the JSON reader's chained tracebacks."""
+    with path.open("rb") as handle:
+        empty = not any(line.strip() for line in handle)
+    if empty:
+        raise DataError(f"{path} holds no records.")
+    try:
+        raw = datasets.load_dataset("json", data_files=str(path), split="train")
+    except Exception as err:  # noqa: BLE001 - datasets wraps the JSON reader's errors in several types
+        raise DataError(f"{path}: {_first_bad_line(path) or f'not readable as JSON or JSONL ({err})'}") from None
+    if len(raw) == 0:
+        raise DataError(f"{path} holds no records.")
+    return raw
+
+
+def _first_bad_line(path: Path) -> str | None:
+    """Where a JSONL file stops being one JSON object per line (None for a JSON file that is one document)."""
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                return None if number == 1 and line.lstrip().startswith("[") else f"line {number}: {err}"
+            if not isinstance(record, dict):
+                return f"line {number}: found a JSON {type(record).__name__}; expected one JSON object per line"
+    return None
 
 
 def load_conversations(cfg: DataConfig) -> datasets.Dataset:
@@ -141,9 +175,7 @@ def load_conversations(cfg: DataConfig) -> datasets.Dataset:
     for path in cfg.paths:
         if not Path(path).is_file():
             raise DataError(f"data file not found: {path}")
-        raw = datasets.load_dataset("json", data_files=str(path), split="train")
-        if len(raw) == 0:
-            raise DataError(f"{path} holds no records.")
+        raw = _read_json_records(Path(path))
         fmt = detect_format(raw[0], path) if cfg.format == "auto" else cfg.format
         parts.append(
             raw.map(

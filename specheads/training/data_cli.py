@@ -24,9 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", default="smollm2-135m-instruct", help="built-in name, model dir or .gguf file")
     gen.add_argument("--prompts", required=True, help="JSONL file with 'id' and 'prompt' or 'messages'")
     gen.add_argument("--out", required=True, help="output JSONL (messages format); an existing file is resumed")
-    gen.add_argument("--limit", type=int, default=None, help="use only the first N prompts of the file")
-    gen.add_argument("--batch-size", type=int, default=8)
-    gen.add_argument("--max-new-tokens", type=int, default=512)
+    gen.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts of the file")
+    gen.add_argument("--batch-size", type=positive_int, default=8)
+    gen.add_argument("--max-new-tokens", type=positive_int, default=512)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
@@ -36,10 +36,10 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--target", default="smollm2-135m-instruct", help="built-in name, model dir or .gguf file")
     cache.add_argument("--data", nargs="+", required=True, help="JSON/JSONL chat files (see DataConfig)")
     cache.add_argument("--format", default="auto", choices=FORMATS)
-    cache.add_argument("--max-length", type=int, default=1024)
-    cache.add_argument("--max-samples", type=int, default=None)
+    cache.add_argument("--max-length", type=positive_int, default=1024)
+    cache.add_argument("--max-samples", type=positive_int, default=None)
     cache.add_argument("--eval-fraction", type=float, default=0.05)
-    cache.add_argument("--eval-size", type=int, default=None)
+    cache.add_argument("--eval-size", type=non_negative_int, default=None)
     cache.add_argument("--seed", type=int, default=0)
     cache.add_argument("--out-dir", required=True, help="writes OUT_DIR/train and OUT_DIR/eval (may be empty)")
     cache.add_argument(
@@ -52,8 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     cache.add_argument("--topk", type=int, default=None, help="keep the top-k target probs instead of full logits")
     cache.add_argument("--no-logits", action="store_true", help="store hidden states only (no target distribution)")
-    cache.add_argument("--shard-size", type=int, default=512, help="samples per shard")
-    cache.add_argument("--batch-size", type=int, default=8)
+    cache.add_argument("--shard-size", type=positive_int, default=512, help="samples per shard")
+    cache.add_argument("--batch-size", type=positive_int, default=8)
     cache.add_argument("--device", default="cpu")
     return parser
 
@@ -74,6 +74,25 @@ def _generate(args: argparse.Namespace) -> int:
     written = generate_dataset(model, tokenizer, args.prompts, args.out, settings, limit=args.limit)
     print(f"wrote {written} new conversations to {args.out}")
     return 0
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1 (a batch, a shard, a length)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+    return value
 
 
 def default_cache_layer_ids(num_hidden_layers: int) -> list[int]:

@@ -260,12 +260,20 @@ def _generated_with(model: PreTrainedModel, settings: GenerationSettings) -> dic
     return record
 
 
+def _spelled_alike(generated_with: dict[str, Any]) -> dict[str, Any]:
+    """The record with a target folder named by its resolved path: ``tiny4`` and ``/abs/tiny4`` are one target."""
+    target = str(generated_with.get("target", ""))
+    if target and Path(target).exists():
+        return {**generated_with, "target": str(Path(target).resolve())}
+    return generated_with
+
+
 def _check_same_settings(out_path: Path, generated_with: dict[str, Any]) -> None:
     """A resumed run must answer the rest the way the lines already written were answered."""
     if not out_path.exists():
         return
     earlier = next((r["generated_with"] for r in reversed(read_jsonl(out_path)) if "generated_with" in r), None)
-    if earlier is None or earlier == generated_with:
+    if earlier is None or _spelled_alike(earlier) == _spelled_alike(generated_with):
         return
     changed = [
         f"{key}: {earlier.get(key)!r} -> {generated_with.get(key)!r}"

@@ -15,6 +15,7 @@ from torch.utils.data import ConcatDataset, Dataset
 from transformers import PreTrainedModel
 
 from specheads.heads.config import TargetRecord
+from specheads.training.config import ConfigError
 from specheads.training.data import DataConfig, collate
 from specheads.training.features import TargetFeatures, resolved_paths, shard_path
 
@@ -37,7 +38,7 @@ def check_cache_target(dataset: CachedFeatureDataset | ConcatFeatureCache, targe
         if getattr(cached, name) != getattr(current, name)
     ]
     if differ:
-        raise ValueError(
+        raise ConfigError(
             f"feature cache {dataset.out_dir} was written by target {cached.name_or_path!r}, which differs from the "
             f"training target {current.name_or_path!r} ({', '.join(differ)}); expected features of the target being "
             f"trained. Re-run `specheads data cache-features --target {current.name_or_path}`, or set target.name to "
@@ -94,7 +95,10 @@ class CachedFeatureDataset(Dataset):
             raise FileNotFoundError(f"{meta_path} not found: write the cache with `specheads data cache-features`.")
         self.meta = json.loads(meta_path.read_text())
         if not self.meta.get("complete"):
-            raise ValueError(f"feature cache {self.out_dir} is incomplete: rerun cache-features to finish it.")
+            raise ConfigError(
+                f"feature cache {self.out_dir} is incomplete (its writer was stopped): rerun the same `specheads data "
+                "cache-features` command to finish it."
+            )
         self.pad_token_id = pad_token_id
         self.layer_ids: list[int] = self.meta["layer_ids"]
         self.target = TargetRecord(**self.meta["target"])
@@ -147,7 +151,7 @@ class ConcatFeatureCache(ConcatDataset):
             differ = [key for key in self.MUST_MATCH if cache.meta.get(key) != first.meta.get(key)]
             if differ:
                 found = ", ".join(f"{key} {first.meta.get(key)!r} vs {cache.meta.get(key)!r}" for key in differ)
-                raise ValueError(
+                raise ConfigError(
                     f"feature caches {first.out_dir} and {cache.out_dir} cannot be read together ({found}); write "
                     "every cache with the same target and `specheads data cache-features` options."
                 )

@@ -11,8 +11,10 @@ with the same weights as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -49,7 +51,7 @@ from specheads.training.checkpoint import (
     resolve_resume,
     save_checkpoint,
 )
-from specheads.training.config import TrainConfig, to_container, to_yaml
+from specheads.training.config import ConfigError, TrainConfig, to_container, to_yaml
 from specheads.training.data import build_datasets, collate
 from specheads.training.feature_cache import (
     FEATURE_CACHES,
@@ -119,7 +121,7 @@ def _fresh_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -
 def _warm_start(cfg: TrainConfig, target: PreTrainedModel) -> DraftHead:
     head = load_head(cfg.head.init_from, target, trainable=True)
     if head.head_type != cfg.head.type:
-        raise ValueError(
+        raise ConfigError(
             f"head.init_from={cfg.head.init_from!r} holds a {head.head_type!r} head but head.type is "
             f"{cfg.head.type!r}; set head.type={head.head_type} or start from a {cfg.head.type} head"
         )
@@ -127,7 +129,7 @@ def _warm_start(cfg: TrainConfig, target: PreTrainedModel) -> DraftHead:
     conflicts = {k: (v, saved[k]) for k, v in cfg.head.options.items() if k in saved and saved[k] != v}
     if conflicts:
         listed = ", ".join(f"{k}: config {v!r} vs saved {s!r}" for k, (v, s) in conflicts.items())
-        raise ValueError(
+        raise ConfigError(
             f"head.options disagree with the head in head.init_from={cfg.head.init_from!r} ({listed}); a warm start "
             "keeps the saved architecture: drop these options or make them match"
         )
@@ -179,7 +181,7 @@ def _check_cache(dataset: CachedFeatureDataset | ConcatFeatureCache, layer_ids: 
     missing = sorted(set(layer_ids) - set(dataset.layer_ids))
     has_distribution = dataset.meta.get("with_logits") or dataset.meta.get("topk")
     if missing or (needs_logits and not has_distribution):
-        raise ValueError(
+        raise ConfigError(
             f"feature cache {path} holds hidden states {dataset.layer_ids} "
             f"{'and a target distribution' if has_distribution else 'and no target distribution'}; this head needs "
             f"hidden states {layer_ids}{' and the distribution' if needs_logits else ''}. Re-run "
@@ -196,8 +198,30 @@ def train(
     target receives LoRA adapters in place, so pass a copy you do not need unchanged; its train/eval mode is restored.
     One run at a time writes to an output folder (``checkpoint.output_lock``).
     """
-    with output_lock(Path(cfg.train.output_dir)):
+    with output_lock(Path(cfg.train.output_dir)), _library_progress_bars(cfg.train.progress_bar):
         return _train(cfg, target, tokenizer)
+
+
+@contextlib.contextmanager
+def _library_progress_bars(shown: bool) -> Iterator[None]:
+    """``train.progress_bar=false`` silences the libraries' bars too (loading weights, reading and tokenizing the
+    data), not only the training bar; they are put back as they were afterwards."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    if shown:
+        yield
+        return
+    datasets_were_on, transformers_were_on = datasets.is_progress_bar_enabled(), hf_logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if datasets_were_on:
+            datasets.enable_progress_bars()
+        if transformers_were_on:
+            hf_logging.enable_progress_bar()
 
 
 def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None) -> TrainResult:
@@ -206,10 +230,10 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     resume_from = resolve_resume(tc.resume, out)  # before any loading: a wrong resume fails in seconds
     if resume_from is not None:
         check_resume_config(resume_from, to_yaml(cfg))
-    log_with, init_kwargs = tracker_setup(cfg)
+    log_with, init_kwargs = tracker_setup(cfg, resuming=resume_from is not None)
     precision = resolve_mixed_precision(tc.mixed_precision)
     if precision == "fp16" and not has_accelerator():
-        raise ValueError(
+        raise ConfigError(
             "train.mixed_precision=fp16 needs a GPU (on CPU, Accelerate would silently train in fp32); "
             "use train.mixed_precision=bf16 (CPU autocast) or no."
         )
@@ -299,6 +323,9 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         return metrics
 
     metrics = run_eval() if tc.eval_every and step == 0 else {}
+    if resume_from is not None and step >= tc.max_steps:  # nothing left to train: the head is saved with its numbers
+        logger.info("%s is at train.max_steps=%d already: nothing to train; saving the head", resume_from, step)
+        metrics = run_eval() if tc.eval_every else {}
     micro = step * tc.grad_accum  # micro-batches consumed so far (a step spans an epoch's end; see accumulation)
     throughput = Throughput(accelerator)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (tc.progress_bar and accelerator.is_main_process))

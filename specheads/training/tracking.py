@@ -52,8 +52,9 @@ def wandb_mode() -> str:
     return os.environ.get("WANDB_MODE") or ("online" if wandb_key_configured() else "offline")
 
 
-def tracker_setup(cfg: TrainConfig) -> tuple[str | None, dict[str, Any]]:
-    """``log_with`` for ``Accelerator`` and ``init_kwargs`` for ``init_trackers``."""
+def tracker_setup(cfg: TrainConfig, resuming: bool = False) -> tuple[str | None, dict[str, Any]]:
+    """``log_with`` for ``Accelerator`` and ``init_kwargs`` for ``init_trackers``; a resumed run logs into the wandb
+    run of the one it continues, a new one into a new run."""
     kind = cfg.train.log_with
     if kind == "none":
         return None, {}
@@ -64,16 +65,17 @@ def tracker_setup(cfg: TrainConfig) -> tuple[str | None, dict[str, Any]]:
         settings = {"mode": wandb_mode(), "name": cfg.train.run_name}
         if not os.environ.get("WANDB_DIR"):  # set: the user's place for wandb's files wins
             settings["dir"] = str(out)
-        return "wandb", {"wandb": {**settings, "id": wandb_run_id(out), "resume": "allow"}}
+        return "wandb", {"wandb": {**settings, "id": wandb_run_id(out, resuming), "resume": "allow"}}
     return kind, {}
 
 
 WANDB_ID_FILE = "wandb_run_id"
 
 
-def wandb_run_id(output_dir: Path) -> str | None:
+def wandb_run_id(output_dir: Path, resuming: bool = True) -> str | None:
     """The wandb run id of this output folder: made on its first run and kept in ``wandb_run_id``, so a resumed run
-    logs into the same wandb run instead of starting another.
+    logs into the same wandb run instead of starting another. A new run (``resuming`` False: one whose predecessor
+    here left no checkpoint, or stopped before its first) gets a new id, not its predecessor's run.
 
     Only the launch's rank 0 reads or writes the file (it holds the output folder's lock, and its tracker is the only
     one that starts); the other ranks get None. Were every rank to write, before the process group exists, a rank
@@ -82,7 +84,7 @@ def wandb_run_id(output_dir: Path) -> str | None:
     if int(os.environ.get("RANK", "0")) != 0:
         return None
     path = output_dir / WANDB_ID_FILE
-    if path.is_file() and path.read_text().strip():
+    if resuming and path.is_file() and path.read_text().strip():
         return path.read_text().strip()
     run_id = uuid.uuid4().hex[:12]
     path.write_text(run_id + "\n")

@@ -238,11 +238,31 @@ def test_override_errors_name_the_override_not_the_file(override, expected):
         ("lora.r=0", r"lora.r \(the adapters' rank\) must be >= 1, found 0"),
         ("loss.decay=0", r"loss.decay must be > 0 .*found 0.0"),
         ("loss.decay=-0.5", r"loss.decay must be > 0"),
+        # each of these was taken as given and then turned off or inverted what it names, or crashed later
+        ("train.eval_batches=0", r"train.eval_batches must be >= 1 \(or unset\), found 0"),
+        ("train.stop_after=0", r"train.stop_after must be >= 1 \(or unset\), found 0"),
+        ("data.max_samples=0", r"data.max_samples must be >= 1 \(or unset\), found 0"),
+        ("data.max_length=-5", r"data.max_length must be >= 1 \(tokens per sample\), found -5"),
+        ("data.eval_size=-1", r"data.eval_size must be >= 0 .*found -1"),
+        ("loss.feature_weight=-1", r"loss.feature_weight must be >= 0 \(a negative weight maximises its loss\)"),
+        ("lora.distill_weight=-0.5", r"lora.distill_weight must be >= 0"),
+        ("lora.alpha=0", r"lora.alpha must be > 0 .*at 0 they never train"),
+        ("train.adam_betas=[0.9]", r"train.adam_betas must be two numbers in \[0, 1\).*found \[0.9\]"),
+        ("train.adam_betas=[1.5,0.9]", r"train.adam_betas must be two numbers in \[0, 1\)"),
+        ("train.adam_betas=[0.9,0.95,0.99]", r"train.adam_betas must be two numbers"),
+        ("train.output_dir=''", r"train.output_dir is empty: .*over any README.md or config.json there"),
+        ("head.options.num_heads=0", r"head.options: MedusaConfig needs num_heads >= 1"),
     ],
 )
 def test_values_out_of_their_range_are_refused(override, expected):
     with pytest.raises(ConfigError, match=expected):
         load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [override])
+
+
+@pytest.mark.parametrize("value", [-5, 0])
+def test_a_draft_vocabulary_of_no_tokens_is_refused(value):
+    with pytest.raises(ConfigError, match=f"draft_vocab_size={value}: expected a token count >= 1"):
+        load_config(CONFIGS / "eagle3" / "smollm2-135m.yaml", [f"head.options.draft_vocab_size={value}"])
 
 
 def test_zero_is_valid_where_it_means_none():

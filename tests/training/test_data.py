@@ -19,6 +19,9 @@ from specheads.training.data import (
 )
 
 END = "<|im_end|>"
+GOOD_LINE = (
+    json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}) + "\n"
+)
 
 
 def write_jsonl(path, records):
@@ -237,3 +240,24 @@ def test_self_distilled_fields_are_read_beside_files_without_them(smollm2, tmp_p
     assert cut_sample["input_ids"] == plain_sample["input_ids"]
     assert masked_text(tokenizer, cut_sample) == ["Hi there"]
     assert masked_text(tokenizer, plain_sample) == ["Hi there" + END]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "holds no records"),
+        ("\n\n  \n", "holds no records"),  # datasets' own error, not ours, before
+        (GOOD_LINE * 3 + '{"messages": [ oops\n' + GOOD_LINE, r"bad.jsonl: line 4: Expecting value"),
+        (GOOD_LINE + "[1, 2]\n", r"bad.jsonl: line 2: found a JSON list; expected one JSON object per line"),
+        (GOOD_LINE * 2 + '{"messages": []}\n', r"bad.jsonl \(record 3\): the conversation has no turns"),
+    ],
+)
+def test_unreadable_data_files_are_one_error_naming_the_file(tmp_path, content, message):
+    """An empty file raised StopIteration, blank lines and a bad line gave the JSON reader's chained tracebacks
+    without a line number, and a record without turns failed in the chat template."""
+    from specheads.training.data import load_conversations
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=message):
+        load_conversations(DataConfig(paths=[str(path)]))

@@ -178,3 +178,32 @@ def test_resuming_with_other_settings_is_refused(smollm2, tmp_path):
         with pytest.raises(ValueError, match=f"other settings \\(.*{changed}"):
             generate_dataset(model, tokenizer, prompts, out, other, limit=2)
     assert generate_dataset(model, tokenizer, prompts, out, GenerationSettings(max_new_tokens=3, batch_size=1)) == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "--batch-size", "-1"], "argument --batch-size: expected an integer >= 1, got -1"),
+        (["generate", "--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1, got 0"),
+        (["cache-features", "--shard-size", "0"], "argument --shard-size: expected an integer >= 1, got 0"),
+        (["cache-features", "--batch-size", "x"], "argument --batch-size: expected an integer, got 'x'"),
+        (["cache-features", "--eval-size", "-1"], "argument --eval-size: expected an integer >= 0, got -1"),
+    ],
+)
+def test_counts_that_mean_nothing_are_refused_as_parsed(argv, message, tmp_path, capsys):
+    """generate --batch-size -1 reported conversations it never wrote; cache-features --shard-size -2 wrote a cache
+    marked complete with no shards, and 0 divided by zero."""
+    where = ["--prompts", "p.jsonl", "--out", "o.jsonl"] if argv[0] == "generate" else ["--data", "d", "--out-dir", "c"]
+    with pytest.raises(SystemExit):
+        data_main([*argv, *where])
+    assert message in capsys.readouterr().err
+
+
+def test_a_generated_file_resumes_whatever_spelling_of_its_target_folder(tiny_target_dir, tmp_path, monkeypatch):
+    """The same folder given as an absolute and a relative path was refused as another target."""
+    prompts, out = write_prompts(tmp_path), tmp_path / "distill.jsonl"
+    common = ["generate", "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "2"]
+    assert data_main([*common, "--target", str(tiny_target_dir), "--limit", "1"]) == 0
+    monkeypatch.chdir(tiny_target_dir.parent)
+    assert data_main([*common, "--target", tiny_target_dir.name, "--limit", "2"]) == 0
+    assert [r["id"] for r in read_jsonl(out)] == ["a", "b"]

@@ -10,7 +10,7 @@ import torch
 from train_helpers import REPO, tiny_overrides
 
 from specheads.target import load_target
-from specheads.training.config import load_config
+from specheads.training.config import ConfigError, load_config
 from specheads.training.data_cli import data_main
 from specheads.training.feature_cache import CachedFeatureDataset, open_feature_caches
 from specheads.training.loop import train
@@ -90,7 +90,7 @@ def test_caches_of_different_layers_are_refused(tiny_target_dir, small_chat_file
         args = ["--data", str(small_chat_file), "--max-length", "64", "--max-samples", "4", "--eval-size", "0"]
         args += ["--target", str(tiny_target_dir), "--out-dir", str(tmp_path / layer), "--layer-ids", layer]
         assert data_main(["cache-features", *args]) == 0
-    with pytest.raises(ValueError, match=r"cannot be read together \(layer_ids \[2\] vs \[4\]\)"):
+    with pytest.raises(ConfigError, match=r"cannot be read together \(layer_ids \[2\] vs \[4\]\)"):
         open_feature_caches([tmp_path / "2" / "train", tmp_path / "4" / "train"])
 
 
@@ -125,7 +125,7 @@ def test_a_cache_of_another_target_is_refused(
     is not the 2-layer target's last hidden state); the same shapes with other weights are a warning, and a renamed
     copy of the same weights passes silently."""
     two_layers = _offline_medusa(tiny_two_layer_target_dir, small_chat_file, tmp_path / "a", four_layer_cache)
-    with pytest.raises(ValueError, match=r"written by target .*\(num_hidden_layers 4 vs 2\).*cache-features --target"):
+    with pytest.raises(ConfigError, match=r"written by target .*\(num_hidden_layers 4 vs 2\).*cache-features --target"):
         train(two_layers)
 
     renamed, tokenizer = load_target(tiny_target_dir)
@@ -162,3 +162,41 @@ def test_offline_training_warns_about_the_data_settings_it_ignores(
     assert "data.paths=['/does/not/exist.jsonl'] (cache: [" in warning
     assert "data.max_length=16 (cache: 64)" in warning
     assert "max_samples" not in warning and "eval_size" not in warning  # equal to the cache's: not named
+
+
+def test_a_cache_that_does_not_fit_the_head_is_one_line_from_the_command(
+    tiny_target_dir, small_chat_file, tmp_path, capsys
+):
+    """A cache without the head's layers, or one its writer did not finish, ended `specheads train` in a traceback
+    (a ValueError the command does not expect); both are configuration errors now, said in one line."""
+    import json
+
+    from specheads.training.train_cli import train_main
+
+    cache = _cache(tiny_target_dir, small_chat_file, tmp_path / "cache", "--layer-ids", "2")
+    config = str(REPO / "configs" / "medusa" / "smollm2-135m.yaml")
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "run", max_steps=1, batch_size=2)
+    overrides += ["features.mode=offline", f"features.cache_dir={cache}"]
+    capsys.readouterr()  # what writing the cache printed
+    assert train_main(["--config", config, *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds hidden states [2] and a target distribution; this head needs" in err
+    meta_path = cache / "train" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "complete": False}))  # as a killed `cache-features` leaves it
+    with pytest.raises(ConfigError, match="is incomplete \\(its writer was stopped\\): rerun the same"):
+        CachedFeatureDataset(cache / "train")
+
+
+def test_a_cache_resumes_whatever_spelling_of_its_target_folder(
+    tiny_target_dir, tiny_two_layer_target_dir, small_chat_file, tmp_path, monkeypatch, capsys
+):
+    """The same target folder named relatively was "a cache made with other settings"; the weights decide, so
+    another target is still refused."""
+    _cache(tiny_target_dir, small_chat_file, tmp_path / "cache", "--no-logits")
+    monkeypatch.chdir(tiny_target_dir.parent)
+    args = ["--data", str(small_chat_file), "--max-length", "64", "--max-samples", "12", "--eval-size", "4"]
+    args += ["--dtype", "fp32", "--no-logits", "--out-dir", str(tmp_path / "cache")]
+    assert data_main(["cache-features", *args, "--target", tiny_target_dir.name]) == 0
+    assert data_main(["cache-features", *args, "--target", str(tiny_two_layer_target_dir)]) == 2
+    assert "holds a cache made with other settings or data (layer_ids, target differ)" in capsys.readouterr().err

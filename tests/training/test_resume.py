@@ -172,3 +172,69 @@ def test_resume_after_an_upgrade_that_added_a_setting(tiny_target_dir, small_cha
         run(resume="auto", batch_size=4)
     resumed = run(resume="auto")
     assert resumed.finished and resumed.step == 2
+
+
+def test_a_finished_run_resumed_keeps_its_head_and_numbers(tiny_target_dir, small_chat_file, tmp_path):
+    """Resuming a run whose last checkpoint is at max_steps trains nothing; the head was re-saved with no metrics,
+    which wiped the card's held-out numbers. It now evaluates, so the head and its numbers are the run's own."""
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path, max_steps=2, save_every=2, eval_every=2)
+    first = train(load_config(EAGLE1, ["data.max_samples=16", *overrides]))
+    card, weights = (tmp_path / "README.md").read_text(), _weights(tmp_path)
+    assert "eval/tau" in card
+    again = train(load_config(EAGLE1, ["data.max_samples=16", *overrides, "train.resume=auto"]))
+    assert again.step == 2 and again.metrics == pytest.approx(first.metrics)
+    assert "eval/tau" in (tmp_path / "README.md").read_text()
+    torch.testing.assert_close(_weights(tmp_path), weights)
+
+
+def test_another_runs_checkpoint_does_not_train_over_this_folder(tiny_target_dir, small_chat_file, tmp_path):
+    """train.resume=CHECKPOINT of run A with train.output_dir holding run B's finished head trained over B's head;
+    into a folder with checkpoints of its own, it mixed two runs' checkpoints. Both are refused; an empty folder takes
+    the other run's checkpoint and goes on from it."""
+    kw = dict(max_steps=2, save_every=2)
+    train(
+        load_config(
+            EAGLE1, ["data.max_samples=16", *tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "a", **kw)]
+        )
+    )
+    train(
+        load_config(EAGLE1, ["data.max_samples=16", *tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "b")])
+    )
+    other = _weights(tmp_path / "b")
+    from_a = f"train.resume={latest_checkpoint(tmp_path / 'a')}"
+    more = dict(max_steps=3, save_every=2)
+    with pytest.raises(ValueError, match=r"continues another run's checkpoint here, but .*b holds a finished head"):
+        train(
+            load_config(
+                EAGLE1,
+                [
+                    "data.max_samples=16",
+                    from_a,
+                    *tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "b", **more),
+                ],
+            )
+        )
+    torch.testing.assert_close(_weights(tmp_path / "b"), other)
+    train(
+        load_config(
+            EAGLE1, ["data.max_samples=16", *tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "c", **kw)]
+        )
+    )
+    with pytest.raises(ValueError, match=r"checkpoint of another run than .*c's, whose .*holds checkpoints of its own"):
+        train(
+            load_config(
+                EAGLE1,
+                [
+                    "data.max_samples=16",
+                    from_a,
+                    *tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "c", **more),
+                ],
+            )
+        )
+    forked = train(
+        load_config(
+            EAGLE1,
+            ["data.max_samples=16", from_a, *tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "d", **more)],
+        )
+    )
+    assert forked.finished and forked.step == 3

@@ -117,6 +117,11 @@ def test_only_the_main_process_writes_the_wandb_run_id(tmp_path, monkeypatch):
     assert wandb_run_id(tmp_path) is None and (tmp_path / WANDB_ID_FILE).read_text().strip() == first
     monkeypatch.delenv("RANK")  # a plain one-process run
     assert wandb_run_id(tmp_path) == first
+    # a new run in the folder (its predecessor left no checkpoint to resume) is a new wandb run, not appended to
+    # the old one's steps
+    fresh = wandb_run_id(tmp_path, resuming=False)
+    assert fresh != first and (tmp_path / WANDB_ID_FILE).read_text().strip() == fresh
+    assert wandb_run_id(tmp_path, resuming=True) == fresh
 
 
 def test_wandb_is_offline_without_a_key(monkeypatch, tmp_path):
@@ -257,3 +262,19 @@ def test_a_sigtermed_run_keeps_its_wandb_metrics_and_resumes_into_the_same_wandb
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and len({run.name.rsplit("-", 1)[1] for run in runs}) == 1  # one wandb run id
     assert (out / "wandb_run_id").read_text().strip() == runs[0].name.rsplit("-", 1)[1]
+
+
+def test_progress_bar_false_silences_the_libraries_bars_for_the_run_only():
+    """train.progress_bar=false left transformers' "Loading weights" and datasets' reading and tokenizing bars on."""
+    import datasets
+    from transformers.utils import logging as hf_logging
+
+    from specheads.training.loop import _library_progress_bars
+
+    datasets.enable_progress_bars()  # the libraries' defaults (an environment variable may have turned them off)
+    hf_logging.enable_progress_bar()
+    with _library_progress_bars(False):
+        assert not datasets.is_progress_bar_enabled() and not hf_logging.is_progress_bar_enabled()
+    assert datasets.is_progress_bar_enabled() and hf_logging.is_progress_bar_enabled()  # as they were
+    with _library_progress_bars(True):
+        assert datasets.is_progress_bar_enabled() and hf_logging.is_progress_bar_enabled()
