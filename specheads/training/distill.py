@@ -204,7 +204,8 @@ def generate_dataset(
     settings: GenerationSettings,
     limit: int | None = None,
 ) -> int:
-    """Answer the first ``limit`` prompts not yet in ``out_path``, appending one line each; return how many.
+    """Answer those of the first ``limit`` prompts of the file that are not yet in ``out_path``, appending one line
+    each; return how many.
 
     Each line records how it was generated (``generated_with``: target, token limit, sampling); resuming into a file
     written with other settings is an error rather than a silent mix."""

@@ -52,7 +52,7 @@ from specheads.training.checkpoint import (
     save_checkpoint,
 )
 from specheads.training.config import ConfigError, TrainConfig, to_container, to_yaml
-from specheads.training.data import build_datasets, collate
+from specheads.training.data import DataError, build_datasets, collate
 from specheads.training.feature_cache import (
     FEATURE_CACHES,
     CachedFeatureDataset,
@@ -237,6 +237,10 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
             "train.mixed_precision=fp16 needs a GPU (on CPU, Accelerate would silently train in fp32); "
             "use train.mixed_precision=bf16 (CPU autocast) or no."
         )
+    if cfg.features.mode == "online":  # a mistyped data path fails in seconds, not after the target loaded
+        missing = [path for path in cfg.data.paths if not Path(path).is_file()]
+        if missing:
+            raise DataError(f"data file not found: {missing[0]}")
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
         target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype), device=launch_device())
     target_was_training = target.training

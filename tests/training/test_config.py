@@ -361,3 +361,13 @@ def test_the_cli_refuses_a_secret_before_anything_is_written(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert "reads HF_TOKEN, which looks like a secret" in err and FAKE_TOKEN not in err
     assert not out.exists()
+
+
+def test_a_missing_data_file_is_said_before_the_target_loads(tmp_path, monkeypatch, capsys):
+    import specheads.training.loop as loop
+
+    monkeypatch.setattr(loop, "load_target", lambda *a, **k: pytest.fail("the target was loaded first"))
+    missing = tmp_path / "typo.jsonl"
+    overrides = tiny_overrides(tmp_path / "target", missing, tmp_path / "run")
+    assert train_main(["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), *overrides]) == 2
+    assert f"data file not found: {missing}" in capsys.readouterr().err
