@@ -45,11 +45,14 @@ EAGLE_TOKEN_OFFSET = 1
 def default_eagle3_layer_ids(num_hidden_layers: int) -> list[int]:
     """HF ``hidden_states`` indices of the low/mid/high features EAGLE-3 fuses: {2, N//2, N-3}.
 
-    Clamped to [0, N - 1], the inputs of the target's layers, which are what serving engines capture (index N is
-    the output after the final norm), so that tiny test targets (N = 2) get indices that export too.
+    Clamped to [1, N - 1], the inputs of the target's layers after the first, which are what serving engines
+    capture (index N is the output after the final norm; index 0, the embeddings, SGLang cannot name and vLLM's
+    Llama forward meets before it has a residual), so that tiny test targets (N = 2) get indices that export too.
     """
     n = num_hidden_layers
-    return [min(2, n - 1), min(n // 2, n - 1), max(n - 3, 0)]
+    top = max(n - 1, 0)
+    low = min(1, top)
+    return [max(low, min(2, top)), max(low, min(n // 2, top)), max(low, n - 3)]
 
 
 @dataclass

@@ -237,11 +237,15 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
             "output after the final norm, which no engine hands the drafter. Train with layer ids below "
             f"{layers} (the default, [2, N // 2, N - 3], is)"
         )
+    if min(layer_ids) < 1:
+        raise ExportError(
+            f"layer_ids {layer_ids} include hidden_states[0], the embeddings: SGLang names features by the layer whose "
+            "output they are, and vLLM's Llama forward adds the residual at layer 0's input before there is one. "
+            f"Train with layer ids from 1 to {layers - 1} (the default, [2, N // 2, N - 3], is)"
+        )
     if engine == "vllm":
         config["eagle_aux_hidden_state_layer_ids"] = layer_ids
     else:
-        if min(layer_ids) < 1:
-            raise ExportError(f"SGLang takes features from layer outputs; layer_ids {layer_ids} include the embedding")
         config["eagle_config"] = {
             "use_aux_hidden_state": True,
             "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],

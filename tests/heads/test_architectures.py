@@ -175,7 +175,7 @@ def test_heads_read_only_hidden_states_a_hyper_connection_family_does_not_stack(
     own_layer = r"does not build as the full-attention layer.*KeyError|submodules the drafter's block would not call"
     with pytest.raises(UnsupportedTargetError, match=own_layer):  # DeepSeek-V4's had no full-attention form: KeyError
         EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
-    with pytest.raises(UnsupportedTargetError, match=r"before index 2 are hyper-connection.*reads indices \[1, 1, 0\]"):
+    with pytest.raises(UnsupportedTargetError, match=r"before index 2 are hyper-connection.*reads indices \[1, 1, 1\]"):
         EagleDrafter(EagleConfig(version=3), target)
 
 

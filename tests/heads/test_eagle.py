@@ -82,7 +82,9 @@ def test_drafters_embed_tokens_as_the_engines_do():
 
 def test_default_layer_ids():
     assert default_eagle3_layer_ids(30) == [2, 15, 27]  # SmolLM2-135M: HF indices {2, N//2, N-3}
-    assert default_eagle3_layer_ids(2) == [1, 1, 0]  # clamped below N: hidden_states[2] is the normed output
+    # clamped to [1, N - 1]: hidden_states[N] is the normed output, hidden_states[0] the embeddings; neither is a
+    # feature the serving engines capture
+    assert default_eagle3_layer_ids(2) == [1, 1, 1] and default_eagle3_layer_ids(3) == [2, 1, 1]
     assert default_eagle3_layer_ids(4) == [2, 2, 1] and default_eagle3_layer_ids(5) == [2, 2, 2]
 
 

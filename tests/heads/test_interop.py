@@ -136,7 +136,7 @@ def test_sglang_export_names_layer_outputs_and_loads_back(tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_an_eagle3_head_reading_the_final_normed_state_is_refused(tmp_path, engine):
+def test_an_eagle3_head_reading_a_state_no_engine_captures_is_refused(tmp_path, engine):
     """hidden_states[N] of an N-layer target is the output after the final norm; the engines capture features at
     layer inputs only (0..N-1), so such a head's export would be fed other features than it was trained on."""
     target = make_tiny_llama(num_layers=4)
@@ -144,6 +144,10 @@ def test_an_eagle3_head_reading_the_final_normed_state_is_refused(tmp_path, engi
     with pytest.raises(ExportError, match=r"layer_ids \[1, 2, 4\] include hidden_states\[4\], the output after"):
         export_head(head, target, tmp_path / engine, engine=engine)
     assert not (tmp_path / engine).exists()
+    # index 0, the embeddings: SGLang cannot name it, and vLLM's Llama forward adds a residual that is still None
+    embeddings = _eagle3_head(target, layer_ids=[0, 1, 2], draft_layer="llama")
+    with pytest.raises(ExportError, match=r"layer_ids \[0, 1, 2\] include hidden_states\[0\], the embeddings"):
+        export_head(embeddings, target, tmp_path / engine, engine=engine)
     export_head(_eagle3_head(target, layer_ids=[1, 2, 3], draft_layer="llama"), target, tmp_path / "ok", engine=engine)
 
 

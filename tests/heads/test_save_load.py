@@ -85,7 +85,7 @@ def test_config_json_records_target(tiny_llama, tmp_path):
     target = meta["config"]["target"]
     assert target["name_or_path"] == "tiny-random-llama"
     assert (target["hidden_size"], target["vocab_size"], target["num_hidden_layers"]) == (64, 128, 2)
-    assert meta["config"]["layer_ids"] == [1, 1, 0]
+    assert meta["config"]["layer_ids"] == [1, 1, 1]
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ def _offline_medusa(target_dir, chats, out, cache, *extra):
 def test_default_cache_layers_fit_a_two_layer_target(tiny_two_layer_target_dir, small_chat_file, tmp_path):
     """The default layer ids are EAGLE-3's (clamped to the target's depth) plus the last hidden state."""
     cache = _cache(tiny_two_layer_target_dir, small_chat_file, tmp_path, "--no-logits")
-    assert CachedFeatureDataset(cache / "train").layer_ids == [0, 1, 2]
+    assert CachedFeatureDataset(cache / "train").layer_ids == [1, 2]
 
 
 def test_a_cache_of_another_target_is_refused(
