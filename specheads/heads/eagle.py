@@ -104,9 +104,14 @@ def build_vocab_maps(
     counts = torch.bincount(flat, minlength=target_vocab_size)
     order = torch.argsort(-counts, stable=True)  # most frequent first, lower id first on ties
     d2t = order[:draft_vocab_size].sort().values
-    t2d = torch.full((target_vocab_size,), -1, dtype=torch.long)
-    t2d[d2t] = torch.arange(draft_vocab_size)
-    return d2t, t2d
+    return d2t, target_to_draft(d2t, target_vocab_size)
+
+
+def target_to_draft(d2t: torch.Tensor, target_vocab_size: int) -> torch.Tensor:
+    """``t2d`` for a ``d2t`` map: the draft id of each target id, -1 for tokens outside the draft vocabulary."""
+    t2d = torch.full((target_vocab_size,), -1, dtype=torch.long, device=d2t.device)
+    t2d[d2t] = torch.arange(d2t.numel(), device=d2t.device)
+    return t2d
 
 
 class EagleDrafter(DraftHead):
@@ -183,10 +188,8 @@ class EagleDrafter(DraftHead):
             d2t = torch.arange(vocab_size)
         if d2t.shape != (draft_vocab,):
             raise HeadConfigError(f"d2t must have shape ({draft_vocab},), found {tuple(d2t.shape)}")
-        t2d = torch.full((vocab_size,), -1, dtype=torch.long)
-        t2d[d2t] = torch.arange(draft_vocab)
         self.register_buffer("d2t", d2t.long().clone())
-        self.register_buffer("t2d", t2d)
+        self.register_buffer("t2d", target_to_draft(self.d2t, vocab_size))
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False, dtype=dtype)
         with torch.no_grad():  # start from the target's own output embedding for the kept tokens
             self.lm_head.weight.copy_(self.borrowed.lm_head.weight[self.d2t])

@@ -18,7 +18,7 @@ from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, DraftHead
 from specheads.heads.borrowed import UnsupportedTargetError
 from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
-from specheads.heads.eagle import EagleDrafter
+from specheads.heads.eagle import EagleDrafter, target_to_draft
 from specheads.heads.interop import is_eagle3_checkpoint, load_eagle3_checkpoint
 from specheads.heads.medusa import MedusaHeads
 
@@ -172,15 +172,9 @@ def _check_target(record: TargetRecord, actual: TargetRecord, reads_features: bo
 
 
 def _load_weights_strict(head: DraftHead, path: Path) -> None:
-    if not path.is_file():
-        raise HeadLoadError(f"{path.parent} has no {WEIGHTS_NAME}; expected a folder written by head.save_pretrained()")
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as handle:
-            slices = {name: handle.get_slice(name) for name in handle.keys()}
-            saved = {name: tuple(piece.get_shape()) for name, piece in slices.items()}
-            saved_kinds = {name: _stored_kind(piece.get_dtype()) for name, piece in slices.items()}
-    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
-        raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err
+    header = safetensors_header(path)
+    saved = {name: shape for name, (shape, _) in header.items()}
+    saved_kinds = {name: _stored_kind(code) for name, (_, code) in header.items()}
     state = head.state_dict()
     expected = {name: tuple(t.shape) for name, t in state.items()}
     tied = _tied_aliases(head, set(saved))
@@ -211,6 +205,19 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
         _check_vocab_maps(head, path)
 
 
+def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor's shape and dtype code in a safetensors file, read from its header alone; a missing or unreadable
+    file is a ``HeadLoadError``."""
+    if not path.is_file():
+        raise HeadLoadError(f"{path.parent} has no {path.name}; expected a folder written by head.save_pretrained()")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            slices = {name: handle.get_slice(name) for name in handle.keys()}
+            return {name: (tuple(piece.get_shape()), piece.get_dtype()) for name, piece in slices.items()}
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
+        raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err
+
+
 def _kind(dtype: torch.dtype) -> str:
     return "bool" if dtype == torch.bool else "float" if dtype.is_floating_point else "integer"
 
@@ -229,8 +236,7 @@ def _check_vocab_maps(head: EagleDrafter, path: Path) -> None:
             f"{path}: d2t must name {d2t.numel()} distinct target token ids in [0, {vocab}); it holds ids from "
             f"{int(d2t.min())} to {int(d2t.max())}, {d2t.unique().numel()} distinct"
         )
-    inverse = torch.full_like(head.t2d, -1)
-    inverse[d2t] = torch.arange(d2t.numel(), device=d2t.device)
+    inverse = target_to_draft(d2t, vocab)
     if not torch.equal(inverse, head.t2d):
         raise HeadLoadError(
             f"{path}: t2d is not the inverse of d2t ({int((inverse != head.t2d).sum())} entries differ); both are "

@@ -68,11 +68,6 @@ class MedusaHeads(DraftHead):
 
     def __init__(self, config: MedusaConfig, target: PreTrainedModel, copy_lm_head: bool = True) -> None:
         super().__init__(config)
-        if config.num_heads < 1 or config.num_layers < 0:
-            raise HeadConfigError(
-                f"MedusaConfig needs num_heads >= 1 and num_layers >= 0, found num_heads={config.num_heads}, "
-                f"num_layers={config.num_layers}"
-            )
         record = TargetRecord.from_model(target)
         if not config.target.name_or_path:
             config.target = record

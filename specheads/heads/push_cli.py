@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import safetensors
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
@@ -15,7 +14,7 @@ from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError, files_to_upload, push_folder
 from specheads.heads.interop import is_eagle3_checkpoint
-from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config
+from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, safetensors_header
 
 
 def push_main(argv: list[str] | None = None) -> int:
@@ -85,14 +84,4 @@ def _check_head_folder(folder: Path) -> None:
     if (folder / LORA_DIR).is_dir():
         weights.append(folder / LORA_DIR / ADAPTER_WEIGHTS_NAME)
     for path in weights:  # the headers: a file nobody could load is not published
-        if not path.is_file():
-            raise HeadLoadError(
-                f"{folder} has no {path.relative_to(folder)}; expected a folder written by save_pretrained"
-            )
-        try:
-            with safetensors.safe_open(str(path), framework="pt") as handle:
-                list(handle.keys())
-        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
-            raise HeadLoadError(
-                f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated"
-            ) from err
+        safetensors_header(path)
