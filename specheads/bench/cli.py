@@ -33,6 +33,7 @@ from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_avai
 from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.decoding.cli import resolve_head_argument
 from specheads.decoding.cost_curve import CostCurve, load_or_measure_cost_curve
+from specheads.decoding.cpu_kernels import faster_row_counts
 from specheads.decoding.drafters import (
     DrafterSpec,
     auto_drafter,
@@ -347,6 +348,8 @@ def run_bench(
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
+        # every method's few-row products, transformers' included (hf_method): measured once, remembered
+        "cpu_kernel_rows": sorted(faster_row_counts(target)),
     }
     if settings.heads and "auto" in (settings.trees or ["auto"]):
         config["calibration"] = {"source": calibration_source, "question_ids": calibration_ids}

@@ -2,8 +2,8 @@
 
 Every method takes the same prompt ids and returns a ``MethodRun``: the new token ids and where the time went.
 transformers' own methods (plain ``generate``, prompt lookup, assisted generation) are timed from outside with
-forward hooks (target forwards = verify time, assistant forwards = draft time), so they are measured exactly as a
-user would run them; specheads methods report their own ``GenerationStats``.
+forward hooks (target forwards = verify time, assistant forwards = draft time), and run with the same CPU matrix
+kernels as specheads' (``hf_method``); specheads methods report their own ``GenerationStats``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.target import only_this_config
 
@@ -122,10 +123,17 @@ def hf_method(
     lossless: bool = True,
     description: str = "",
     assistant: PreTrainedModel | None = None,
+    cpu_small_batch_linear: bool = True,
     **generation_options: Any,
 ) -> Method:
     """transformers ``generate`` with extra generation-config fields (``prompt_lookup_num_tokens=10``) and/or an
-    ``assistant`` model (assisted generation)."""
+    ``assistant`` model (assisted generation).
+
+    ``cpu_small_batch_linear``: run the target and the assistant under the CPU kernel choice specheads' methods
+    verify with (``specheads.decoding.cpu_kernels``: measured per machine; no effect on GPU or in bf16), so that a
+    comparison with them measures the drafting, not the matrix kernel. On a CPU whose BLAS is slow for a few rows
+    (the AMD EPYC of docs/results.md: 2 rows cost 1.7x one), transformers' multi-token forwards would otherwise pay
+    what specheads' do not. Plain ``generate`` forwards one row per step and is not affected past its prefill."""
 
     def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
         config = generation_config_for(target, max_new_tokens, temperature)
@@ -134,7 +142,13 @@ def hf_method(
         kwargs = {} if assistant is None else {"assistant_model": assistant}
         torch.manual_seed(seed)
         drafter = ForwardTimer(assistant) if assistant is not None else None
-        with ForwardTimer(target) as verify, drafter or contextlib.nullcontext(), only_this_config(target, config):
+        with contextlib.ExitStack() as stack:
+            for model in (target, assistant) if cpu_small_batch_linear else ():
+                if model is not None:  # the kernels SpeculativeGenerator runs the target and a draft model with
+                    stack.enter_context(small_batch_linear(model))
+            verify = stack.enter_context(ForwardTimer(target))
+            stack.enter_context(drafter or contextlib.nullcontext())
+            stack.enter_context(only_this_config(target, config))
             start = time.perf_counter()
             out = target.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config, **kwargs

@@ -47,6 +47,8 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     assert set(paths) == {"json", "markdown", "speedup_png", "acceptance_png"}
     loaded = json.loads(paths["json"].read_text())
     assert loaded["categories"] == ["mt_bench", "translation"]
+    rows = loaded["config"]["cpu_kernel_rows"]  # what every method's few-row products ran with, as measured here
+    assert all(isinstance(n, int) and 2 <= n <= 64 for n in rows) and rows == sorted(rows)
     assert list(loaded["results"]) == [
         "generate",
         "specheads-plain",
@@ -139,6 +141,49 @@ def test_baselines_decode_the_models_own_distribution(tiny_llama):
     for method in (hf_method("generate", tiny_llama), hf_method("pl", tiny_llama, prompt_lookup_num_tokens=4)):
         assert method.run(ids, 24, 0.0, 0).token_ids == expected
     assert tiny_llama.generation_config is own and own.repetition_penalty == 1.3
+
+
+def test_transformers_methods_run_with_the_kernels_specheads_verifies_with(tiny_llama, monkeypatch):
+    """Where this machine measured the other matrix kernel faster for few-row products, transformers' prompt lookup
+    and assisted generation get it as specheads' methods do (target and assistant alike, for the call only), so the
+    comparison measures drafting, not kernels; their output is unchanged and the layers are restored after."""
+    from specheads.bench.methods import hf_method
+    from specheads.decoding import cpu_kernels
+    from specheads.heads import DraftModel
+
+    monkeypatch.setattr(cpu_kernels, "faster_row_counts", lambda model, max_rows=64: frozenset(range(2, max_rows + 1)))
+    assistant = DraftModel.from_target(tiny_llama, 1).model.eval()
+    ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(2))
+    seen = []  # (model, several rows?, swapped?) for every linear layer call
+
+    def record(name):
+        def hook(module, args):
+            seen.append((name, args[0].numel() // args[0].shape[-1] > 1, "forward" in module.__dict__))
+
+        return hook
+
+    handles = [
+        layer.register_forward_pre_hook(record(name))
+        for name, model in (("target", tiny_llama), ("assistant", assistant))
+        for layer in model.modules()
+        if type(layer) is torch.nn.Linear
+    ]
+    stock = [
+        hf_method(name, tiny_llama, cpu_small_batch_linear=False, **options).run(ids, 16, 0.0, 0).token_ids
+        for name, options in (("pl", {"prompt_lookup_num_tokens": 4}), ("as", {"assistant": assistant}))
+    ]
+    assert seen and not any(swapped for *_, swapped in seen)
+    seen.clear()
+    shared = [
+        hf_method(name, tiny_llama, **options).run(ids, 16, 0.0, 0).token_ids
+        for name, options in (("pl", {"prompt_lookup_num_tokens": 4}), ("as", {"assistant": assistant}))
+    ]
+    for handle in handles:
+        handle.remove()
+    assert shared == stock
+    assert {(name, True) for name in ("target", "assistant")} <= {(name, rows) for name, rows, _ in seen}
+    assert all(swapped for *_, swapped in seen)  # every call ran inside the block (one row keeps F.linear inside)
+    assert not any("forward" in layer.__dict__ for m in (tiny_llama, assistant) for layer in m.modules())
 
 
 def test_assistant_must_be_a_draft_model(tiny_llama, tmp_path):
@@ -264,6 +309,21 @@ def test_identical_counts_speedup_and_loud_mismatches():
     # on the CPU no per-method peak memory is claimed; the process's peak RSS is reported once
     assert overall["same"]["peak_mem_mb"] is None and report["process_peak_rss_mb"] > 0
     assert "| n/a (CPU) |" in markdown_report(report) and "MB RSS" in markdown_report(report)
+
+
+def test_report_header_says_which_rows_ran_the_other_kernel():
+    prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
+    methods = [stub("base", [1, 2], 2.0, 2), stub("same", [1, 2], 1.0, 1)]
+    records = run_benchmark(methods, prompts, max_new_tokens=2, warmup_tokens=0, progress=False)
+
+    def header(rows):
+        return markdown_report(aggregate(records, methods, {"temperature": 0.0, "cpu_kernel_rows": rows})).split("\n")[
+            0
+        ]
+
+    assert "W @ x.T" not in header([])  # stock kernels everywhere (a GPU, bf16, or a CPU where F.linear won)
+    assert "Matrix products of 2-8 rows ran as `(W @ x.T).T` in every method" in header(list(range(2, 9)))
+    assert "Matrix products of 2, 4 rows" in header([2, 4])
 
 
 def test_report_files_replace_an_earlier_runs_together(tmp_path):
