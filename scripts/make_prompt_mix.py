@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "train_prompts"
 FIRST_SET = ROOT / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
+PROMPTS_FILE, ROLEPLAY_FILE = "prompts.jsonl", "gpteacher_roleplay-simple-deduped-roleplay-instruct.json"
 
 PLAIN = {"gpteacher_codegen": 200, "gsm8k_train": 150, "gpteacher_roleplay": 100, "self_instruct_seed": 50}
 SUMMARIZE = (
@@ -41,10 +42,26 @@ def main() -> None:
     parser.add_argument("--summaries", type=int, default=250)
     parser.add_argument("--context-questions", type=int, default=250)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--prompts-dir",
+        type=Path,
+        default=SHARED,
+        help="the training-prompt folder (prompts.jsonl and GPTeacher's role-play JSON; default: ../shared/data/"
+        "train_prompts next to the repository, as on the project's machines)",
+    )
     args = parser.parse_args()
+    sources = [args.prompts_dir / name for name in (PROMPTS_FILE, ROLEPLAY_FILE)]
+    missing = [str(path) for path in sources if not path.is_file()]
+    if missing:
+        parser.exit(
+            2,
+            f"make_prompt_mix.py: {', '.join(missing)} not found: this script reads the project's training prompts "
+            "(shared/data/train_prompts, see data/README.md); pass --prompts-dir DIR with "
+            f"{PROMPTS_FILE} and {ROLEPLAY_FILE}\n",
+        )
     rng = random.Random(args.seed)
     used = {json.loads(line)["id"] for line in FIRST_SET.open()}
-    prompts = [json.loads(line) for line in (SHARED / "prompts.jsonl").open()]
+    prompts = [json.loads(line) for line in sources[0].open()]
     fresh = [p for p in prompts if p["id"] not in used]
 
     rows = []
@@ -54,7 +71,7 @@ def main() -> None:
     taken = {row["id"] for row in rows}
 
     # Passages: role-play responses of 80-220 words whose prompt is in neither set.
-    roleplay = json.loads((SHARED / "gpteacher_roleplay-simple-deduped-roleplay-instruct.json").read_text())
+    roleplay = json.loads(sources[1].read_text())
     passages = [
         (f"gpteacher_roleplay/{i}", r)
         for i, r in enumerate(roleplay)

@@ -171,8 +171,20 @@ def test_committed_mix_set_is_what_its_prompt_script_makes(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
+    script = [sys.executable, str(repo / "scripts" / "make_prompt_mix.py")]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused = subprocess.run(
+        [*script, "--out", str(tmp_path / "x.jsonl"), "--prompts-dir", str(empty)], capture_output=True, text=True
+    )
+    assert refused.returncode == 2 and f"{empty / 'prompts.jsonl'}" in refused.stderr
+    assert "pass --prompts-dir DIR" in refused.stderr and not (tmp_path / "x.jsonl").exists()
+    if not (repo.parent / "shared" / "data" / "train_prompts" / "prompts.jsonl").is_file():
+        pytest.skip(
+            "the project's shared training prompts (../shared/data/train_prompts) are not next to this checkout"
+        )
     prompts = tmp_path / "prompts.jsonl"
-    subprocess.run([sys.executable, str(repo / "scripts" / "make_prompt_mix.py"), "--out", str(prompts)], check=True)
+    subprocess.run([*script, "--out", str(prompts)], check=True)
     built = {r["id"]: r["prompt"] for r in map(json.loads, prompts.read_text().splitlines())}
     committed = [json.loads(line) for line in (repo / "data" / "smollm2-135m-instruct-greedy-mix-1k.jsonl").open()]
     assert len(built) == len(committed) == 1000
