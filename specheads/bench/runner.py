@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -27,6 +27,7 @@ class Record:
     identical: bool | None  # same tokens as the baseline (None for the baseline itself)
     peak_mem_mb: float | None  # GPU only (``peak_memory_mb``)
     near_tie: float | None = None  # 16-bit T=0 mismatch: the baseline's logit gap where they part (``mark_near_ties``)
+    repeat_seconds: list[float] = field(default_factory=list)  # every repeat's time; ``run`` is the median one
 
 
 def peak_memory_mb(device: torch.device) -> float | None:
@@ -55,29 +56,52 @@ def run_benchmark(
     seed: int = 0,
     warmup_tokens: int = 8,
     progress: bool = True,
+    repeats: int = 1,
 ) -> list[Record]:
-    """``prompts``: (question, input_ids (1, T)) pairs. A short warm-up run per method precedes the timed runs."""
+    """``prompts``: (question, input_ids (1, T)) pairs. A short warm-up run per method precedes the timed runs.
+
+    With ``repeats`` > 1 every (prompt, method) runs that many times, the methods interleaved within each repeat, and
+    its record keeps the run of median time: one slow run on a shared machine then moves nothing. The same seed is
+    used each time, so repeats produce the same tokens (checked)."""
     if not methods or not prompts:
         raise ValueError(f"need at least one method and one prompt, got {len(methods)} and {len(prompts)}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     device = prompts[0][1].device
     if warmup_tokens:
         for method in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
             method.run(prompts[0][1], warmup_tokens, temperature, seed)
     records = []
-    bar = tqdm(total=len(prompts) * len(methods), desc="benchmark", unit="run", disable=not progress)
+    bar = tqdm(total=len(prompts) * len(methods) * repeats, desc="benchmark", unit="run", disable=not progress)
     for question, input_ids in prompts:
-        baseline: MethodRun | None = None
+        runs: dict[str, list[MethodRun]] = {method.name: [] for method in methods}
+        peaks: dict[str, float | None] = {}
+        for _ in range(repeats):
+            for method in methods:
+                bar.set_postfix_str(f"{question.category} #{question.question_id} {method.name}")
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)
+                runs[method.name].append(method.run(input_ids, max_new_tokens, temperature, seed))
+                peaks[method.name] = peak_memory_mb(device)
+                bar.update(1)
+        baseline = _median_run(runs[methods[0].name], question, methods[0].name)
         for method in methods:
-            bar.set_postfix_str(f"{question.category} #{question.question_id} {method.name}")
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            run = method.run(input_ids, max_new_tokens, temperature, seed)
-            identical = None if baseline is None else run.token_ids == baseline.token_ids
-            baseline = baseline or run
-            records.append(Record(question, method.name, run, identical, peak_memory_mb(device)))
-            bar.update(1)
+            run = _median_run(runs[method.name], question, method.name)
+            identical = None if method is methods[0] else run.token_ids == baseline.token_ids
+            seconds = [r.seconds for r in runs[method.name]]
+            records.append(Record(question, method.name, run, identical, peaks[method.name], None, seconds))
     bar.close()
     return records
+
+
+def _median_run(runs: list[MethodRun], question: Question, method: str) -> MethodRun:
+    """The run of median time (the lower middle one for an even count); every repeat must give the same tokens."""
+    if any(r.token_ids != runs[0].token_ids for r in runs):
+        raise RuntimeError(
+            f"{method} gave different tokens on repeats of question {question.question_id} with the same seed; "
+            "the method is not deterministic, so its repeats cannot be summarised by one run"
+        )
+    return sorted(runs, key=lambda r: r.seconds)[(len(runs) - 1) // 2]
 
 
 NEAR_TIE_ULPS = 8

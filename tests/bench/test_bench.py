@@ -311,6 +311,55 @@ def test_identical_counts_speedup_and_loud_mismatches():
     assert "| n/a (CPU) |" in markdown_report(report) and "MB RSS" in markdown_report(report)
 
 
+def timed_stub(name: str, tokens: list[int], seconds: list[float], forwards: int) -> Method:
+    """A method whose successive runs take the given times in turn (a slow outlier among them)."""
+    times = iter(seconds)
+
+    def run(input_ids, max_new_tokens, temperature, seed):
+        return MethodRun(list(tokens), next(times), forwards, accepted_lengths=[1] * (forwards - 1))
+
+    return Method(name, run, lossless=True)
+
+
+def test_repeats_report_the_median_run_and_the_noise_floor():
+    prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
+    methods = [
+        timed_stub("base", [1, 2, 3, 4], [2.0, 2.2, 2.1], 4),
+        timed_stub("specheads-plain", [1, 2, 3, 4], [2.0, 30.0, 2.1], 4),  # one 30 s outlier on a busy machine
+        timed_stub("fast", [1, 2, 3, 4], [1.0, 1.1, 9.0], 2),
+    ]
+    records = run_benchmark(methods, prompts, max_new_tokens=4, warmup_tokens=0, progress=False, repeats=3)
+    assert [r.run.seconds for r in records] == [2.1, 2.1, 1.1]  # the medians: the outliers move nothing
+    assert records[1].repeat_seconds == [2.0, 30.0, 2.1]
+    report = aggregate(records, methods, {"temperature": 0.0, "repeats": 3})
+    assert report["noise"]["plain_loop_speedup"] == 1.0
+    assert report["results"]["fast"][OVERALL]["speedup"] == pytest.approx(2.1 / 1.1)
+    header = markdown_report(report).split("\n")[0]
+    assert "each (prompt, method) ran 3 times" in header and "`specheads-plain` (drafts nothing) read 1.00x" in header
+    # a single run says nothing about repeats, and no plain loop means no noise floor to print
+    base = [timed_stub("base", [1, 2, 3, 4], [2.0], 4)]
+    single = run_benchmark(base, prompts, max_new_tokens=4, warmup_tokens=0, progress=False)
+    single_header = markdown_report(aggregate(single, base, {"temperature": 0.0})).split("\n")[0]
+    assert "times" not in single_header and "noise floor" not in single_header
+
+
+def test_repeats_that_disagree_on_tokens_are_an_error():
+    prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
+    outputs = iter([[1, 2], [1, 3]])
+
+    def run(input_ids, max_new_tokens, temperature, seed):
+        return MethodRun(next(outputs), 1.0, 2)
+
+    with pytest.raises(RuntimeError, match="different tokens on repeats of question 1"):
+        run_benchmark([Method("base", run)], prompts, max_new_tokens=2, warmup_tokens=0, progress=False, repeats=2)
+
+
+def test_repeats_below_one_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench_main(["--repeats", "0"])
+    assert "--repeats 0: expected a number of runs per (prompt, method), at least 1" in capsys.readouterr().err
+
+
 def test_report_header_says_which_rows_ran_the_other_kernel():
     prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
     methods = [stub("base", [1, 2], 2.0, 2), stub("same", [1, 2], 1.0, 1)]

