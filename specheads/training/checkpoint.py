@@ -29,7 +29,7 @@ from accelerate.utils import DistributedType
 from filelock import FileLock, Timeout
 from omegaconf import OmegaConf
 
-from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME
+from specheads.heads.base import CHECKPOINT_STATE_NAME, WEIGHTS_NAME
 from specheads.training.checkpoint_damage import NEEDED_FILES, damaged_files, newest_intact, warn_if_inexact
 from specheads.training.config import ConfigError, TrainConfig
 from specheads.training.tracking import flatten
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
-STATE_FILE = "trainer_state.json"
+STATE_FILE = CHECKPOINT_STATE_NAME
 CONFIG_FILE = "train_config.yaml"
 RANK_STATE = "rank_state_{rank}.json"
 WEIGHTS_FILE = "model.safetensors"  # what ``accelerator.save_state`` names the first model's weights
@@ -234,18 +234,6 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     return warn_if_inexact(path)
 
 
-def refuse_checkpoint_as_head(folder: str | os.PathLike, option: str) -> None:
-    """A training checkpoint given where a saved head is expected (``head.init_from``) is an error that says which
-    folder to pass instead: a checkpoint holds the optimizer's state and no ``config.json``, so it does not load as a
-    head, and ``load_head`` alone could only say that the file is missing."""
-    path = Path(folder)
-    if (path / STATE_FILE).is_file() and not (path / CONFIG_NAME).is_file():
-        raise ConfigError(
-            f"{option}={folder} is a training checkpoint, not a saved head; pass the run's output folder (written "
-            f"when training finishes), or continue training from it with train.resume={folder}."
-        )
-
-
 def _refuse_overwriting_a_head(output_dir: str | os.PathLike, what: str) -> None:
     head = Path(output_dir) / WEIGHTS_NAME
     if head.is_file():
@@ -343,8 +331,9 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, mod
     except ConfigError:
         raise
     except Exception as err:  # noqa: BLE001 - a file that passed damaged_files and still does not load
+        reason = (str(err).splitlines() or [""])[0]
         raise ConfigError(
-            f"checkpoint {checkpoint} could not be loaded ({type(err).__name__}: {(str(err).splitlines() or [''])[0]}); "
+            f"checkpoint {checkpoint} could not be loaded ({type(err).__name__}: {reason}); "
             "expected a checkpoint written by this run's config: resume from an earlier one or start a new run"
         ) from err
 
