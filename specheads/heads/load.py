@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from specheads.heads.base import CHECKPOINT_STATE_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, DraftHead
 from specheads.heads.borrowed import UnsupportedTargetError
 from specheads.heads.card import ADAPTER_KEY
-from specheads.heads.config import FORMAT_VERSION, PROBE_TOLERANCE, HeadConfigError, HeadLoadError, TargetRecord
+from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleDrafter, target_to_draft
 from specheads.heads.interop import is_eagle3_checkpoint, load_eagle3_checkpoint
@@ -41,7 +41,7 @@ def load_head(
     target: PreTrainedModel,
     revision: str | None = None,
     trainable: bool = False,
-    adapter_applied: bool | None = None,
+    adapter_applied: bool = False,
 ) -> DraftHead:
     """Load a saved head onto ``target``, strictly, in eval mode with gradients off (inference use).
 
@@ -49,8 +49,8 @@ def load_head(
     fp32 whatever the target's dtype: optimizer updates to bf16 weights would mostly round away.
     A Llama EAGLE-3 draft checkpoint as SpecForge, vLLM and SGLang use it loads too (``specheads.heads.interop``).
     A Medusa-2 head's LoRA adapter (``lora/`` beside it) is not applied here: call ``apply_lora_adapter(target,
-    folder)`` first, as ``specheads generate`` does, and pass on what it returns as ``adapter_applied`` (None: told
-    from the target's weights); loading such a head onto a target without it warns.
+    folder)`` first, as ``specheads generate`` does, and pass on whether it applied one as ``adapter_applied``;
+    loading such a head without ``adapter_applied=True`` warns.
     """
     folder = resolve_head_folder(dir_or_hub_id, revision)
     raw = _read_json(folder / CONFIG_NAME)
@@ -64,13 +64,11 @@ def load_head(
     head_cls = HEADS[meta["head_type"]]
     config = head_cls.config_class.from_dict(meta["config"])
     actual = TargetRecord.from_model(target)
-    if adapter_applied is None and adapter is not None:
-        adapter_applied = _carries_an_adapter(target, config.target, actual)
     if not trainable and adapter is not None and not adapter_applied:
         warnings.warn(
             f"{folder} was trained jointly with a LoRA adapter on the target (Medusa-2, in {adapter}), which this "
-            "target does not carry: drafts will come from the unadapted target. Call "
-            f"target = specheads.heads.load_lora_adapter(target, {str(folder)!r}) before load_head",
+            "target does not carry: drafts will come from the unadapted target. Call target, applied = "
+            f"specheads.heads.apply_lora_adapter(target, {str(folder)!r}) and pass adapter_applied=applied",
             stacklevel=2,
         )
     if adapter is not None and adapter_applied:
@@ -291,17 +289,9 @@ def required_adapter(folder: Path, meta: dict[str, Any] | None = None) -> Path |
     return adapter if adapter.is_dir() else None
 
 
-def _carries_an_adapter(target: PreTrainedModel, record: TargetRecord, actual: TargetRecord) -> bool:
-    """Whether ``target`` holds a LoRA adapter: injected (peft's ``lora_`` tensors) or merged (its weights differ
-    from those the head recorded for its target)."""
-    if any("lora_" in name for name, _ in target.named_parameters()):
-        return True
-    distance = record.weight_distance(actual)
-    return distance is not None and distance > PROBE_TOLERANCE
-
-
 def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -> PreTrainedModel:
-    """``apply_lora_adapter``'s model: ``target`` with the head's Medusa-2 adapter applied (unchanged without one)."""
+    """``apply_lora_adapter``'s model alone: ``target`` with the head's Medusa-2 adapter applied (unchanged without
+    one); ``load_head`` then needs ``adapter_applied=True``."""
     return apply_lora_adapter(target, head_folder)[0]
 
 

@@ -196,7 +196,7 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
         loaded = None
     if not isinstance(loaded, DictConfig):
         kind = "a list" if isinstance(loaded, ListConfig) else "a single value"
-        sections = ", ".join(f"{f.name}:" for f in dataclasses.fields(TrainConfig))
+        sections = ", ".join(f"{f.name}:" for f in dataclasses.fields(TrainConfig) if not f.metadata)
         raise ConfigError(f"{path}: expected a mapping of sections at the top level ({sections}), found {kind}.")
     return loaded
 
