@@ -229,8 +229,9 @@ def test_the_good_neighbours_of_the_bad_rows_work(files, capsys):
 
 
 def test_resume_may_follow_the_overrides(files, capsys):
-    """``train --config C key=value --resume``: the flag after the overrides, as before them."""
+    """``train --config C key=value --resume key=value``: the flag among the overrides, as before them (it ended in
+    "unrecognized arguments")."""
     copy = files["root"] / "run-copy"
     shutil.copytree(files["run"], copy)
     overrides = [o for o in files["overrides"] if not o.startswith("train.output_dir=")]
-    assert main(["train", "--config", str(MEDUSA), *overrides, f"train.output_dir={copy}", "--resume"]) == 0
+    assert main(["train", "--config", str(MEDUSA), *overrides, "--resume", f"train.output_dir={copy}"]) == 0
