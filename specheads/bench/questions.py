@@ -23,12 +23,12 @@ DEFAULT_QUESTIONS = Path("..") / "shared" / "data" / "spec_bench" / "question.js
 
 @dataclass(frozen=True)
 class Question:
-    question_id: int
+    question_id: int | str  # unique within its file: results are matched to questions by it
     category: str  # Spec-Bench category (MT-bench sub-categories folded into ``mt_bench``)
     prompt: str  # the first turn
 
 
-def spec_bench_category(question_id: int, category: str) -> str:
+def spec_bench_category(question_id: int | str, category: str) -> str:
     """The Spec-Bench reporting category of a question: ids 81-160 are ``mt_bench`` whatever the file says."""
     return MT_BENCH if question_id in MT_BENCH_IDS else category
 
@@ -42,16 +42,30 @@ def load_questions(path: str | Path) -> list[Question]:
             "(JSON lines with question_id, category, turns)"
         )
     questions = []
+    seen: dict[int | str, int] = {}  # question id -> its line
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        questions.append(_question(line, f"{path}:{number}"))
+        question = _question(line, f"{path}:{number}")
+        if question.question_id in seen:
+            raise ValueError(
+                f"{path}:{number}: question_id {question.question_id!r} is also the id of line "
+                f"{seen[question.question_id]}; expected ids unique within the file: rename one"
+            )
+        seen[question.question_id] = number
+        questions.append(question)
+    if not questions:
+        raise ValueError(
+            f"question file {path} holds no questions; expected JSON lines with question_id, category, turns"
+        )
     return questions
 
 
 def _question(line: str, where: str) -> Question:
     """One line of a question file, or a ValueError naming the file and line and what it holds instead."""
-    expected = "a JSON object with an integer question_id, a category string and turns, a list of strings"
+    expected = (
+        "a JSON object with a question_id (a string or an integer), a category string and turns, a list of strings"
+    )
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
@@ -64,8 +78,8 @@ def _question(line: str, where: str) -> Question:
     qid, category, turns = record["question_id"], record["category"], record["turns"]
     if isinstance(qid, str) and qid.strip().isdigit():
         qid = int(qid)
-    if isinstance(qid, bool) or not isinstance(qid, int):
-        raise ValueError(f"{where}: question_id is {qid!r}; expected an integer")
+    if isinstance(qid, bool) or not isinstance(qid, (int, str)) or (isinstance(qid, str) and not qid.strip()):
+        raise ValueError(f"{where}: question_id is {qid!r}; expected a non-empty string or an integer")
     if not isinstance(category, str) or not category:
         raise ValueError(f"{where}: category is {category!r}; expected a non-empty string")
     if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():

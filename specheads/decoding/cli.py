@@ -36,7 +36,7 @@ from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
 from specheads.heads.base import CONFIG_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError
-from specheads.heads.load import ADAPTER_MARK, resolve_head_folder
+from specheads.heads.load import refuse_checkpoint_as_head, required_adapter, resolve_head_folder
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -134,27 +134,18 @@ def generate_main(argv: list[str] | None = None) -> int:
         return 2
 
 
-CHECKPOINT_MARK = "trainer_state.json"
-"""The file a training checkpoint folder holds (``specheads.training.checkpoint.STATE_FILE``; decoding does not import
-training): a folder with it and no ``config.json`` was given where a saved head belongs."""
-
-
 def resolve_head_argument(head: str, option: str = "--head") -> Path:
     """``--head``: the local folder of a saved head (a Hub id is fetched once), checked before the target loads, so
     that a wrong folder fails at once rather than after it. A training checkpoint is the usual mix-up: the message
     says which folder to pass instead."""
-    path = Path(head)
-    if path.is_dir() and (path / CHECKPOINT_MARK).is_file() and not (path / CONFIG_NAME).is_file():
-        raise HeadLoadError(
-            f"{option} {head}: this is a training checkpoint, not a saved head; pass the run's output folder (written "
-            f"when training finishes), or continue training from it with train.resume={head}"
-        )
+    refuse_checkpoint_as_head(head, option)
     folder = resolve_head_folder(head)
     if not (folder / CONFIG_NAME).is_file():
         raise HeadLoadError(
             f"{option} {head}: {folder} has no {CONFIG_NAME}; expected a folder written by head.save_pretrained() (a "
             "training run's output folder, once it finished)"
         )
+    required_adapter(folder)  # a Medusa-2 head without its lora/ folder fails before the target loads
     return folder
 
 
@@ -167,11 +158,11 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         parser.error(f"--device {error}")
     head_dir = resolve_head_argument(args.head) if args.head else None  # before the target: a wrong one fails fast
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
-    spec = DrafterSpec(None, "")
+    spec, adapted = DrafterSpec(None, ""), False
     if args.prompt_lookup:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
     elif head_dir is not None:
-        target, spec = _head_drafter(args, parser, head_dir, target, tokenizer)
+        target, spec, adapted = _head_drafter(args, parser, head_dir, target, tokenizer)
     drafter = spec.drafter
     generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
     prompt: Any = args.prompt
@@ -193,7 +184,7 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         return 2
     print()
     where = f"{target.device} {str(next(target.parameters()).dtype).removeprefix('torch.')}"
-    if getattr(target, ADAPTER_MARK, None):
+    if adapted:
         where += ", target + LoRA adapter"
     print(f"[{describe(spec, args)}; {where}] {result.stats.summary()}", file=sys.stderr)
     return 0
@@ -205,21 +196,22 @@ def _head_drafter(
     head_dir: Path,
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-) -> tuple[PreTrainedModel, DrafterSpec]:
-    """The target to decode (Medusa-2: with its LoRA adapter applied) and the head's drafter for ``--tree``."""
-    from specheads.heads import load_head, load_lora_adapter
+) -> tuple[PreTrainedModel, DrafterSpec, bool]:
+    """The target to decode (Medusa-2: with its LoRA adapter applied), the head's drafter for ``--tree``, and whether
+    an adapter was applied."""
+    from specheads.heads import apply_lora_adapter, load_head
     from specheads.target import cache_root
 
-    target = load_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
-    if getattr(target, ADAPTER_MARK, None):
+    target, adapted = apply_lora_adapter(target, head_dir)  # Medusa-2: the adapted target is the one being decoded
+    if adapted:
         _stderr(
             f"note: {args.head} is a Medusa-2 head, trained with a LoRA adapter on the target: decoding runs "
             f"{args.target} with that adapter applied, so the output is exactly the adapted model's (distilled "
             f"to stay close to {args.target}'s own, not equal to it)"
         )
-    head = load_head(head_dir, target)
+    head = load_head(head_dir, target, adapter_applied=adapted)
     if args.tree == "auto":
-        return target, auto_tree_drafter(
+        spec = auto_tree_drafter(
             head,
             head_dir,
             target,
@@ -230,7 +222,8 @@ def _head_drafter(
             lookup_branch=args.lookup_branch,
             lookup_solo=args.lookup_solo,
         )
-    return target, _fixed_tree(args, parser, head, target.device)
+        return target, spec, adapted
+    return target, _fixed_tree(args, parser, head, target.device), adapted
 
 
 def _fixed_tree(args: GenerateArgs, parser: HfArgumentParser, head: Any, device: torch.device) -> DrafterSpec:

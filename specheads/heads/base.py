@@ -20,6 +20,9 @@ from specheads.heads.config import FORMAT_VERSION, HeadConfig
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 LORA_DIR = "lora"  # a Medusa-2 head's adapter for the target, beside the heads
+CHECKPOINT_STATE_NAME = "trainer_state.json"
+"""The file that marks a training checkpoint folder (written last, so it marks a complete one); a folder with it and
+no ``config.json`` is a checkpoint given where a saved head belongs."""
 
 
 def make_readable(path: Path) -> None:
@@ -28,6 +31,33 @@ def make_readable(path: Path) -> None:
     mask = os.umask(0)
     os.umask(mask)
     path.chmod(0o666 & ~mask)
+
+
+PARTIAL_MARK = ".partial-"
+"""``save_pretrained`` writes ``.NAME.partial-PID`` first and renames it over ``NAME`` once complete."""
+
+
+def remove_stale_partials(folder: Path) -> None:
+    """Remove what a killed save left half-written in ``folder`` (a process that no longer runs); a live one's
+    partial files are its own to finish."""
+    for path in folder.glob(f".*{PARTIAL_MARK}*"):
+        pid = path.name.rpartition(PARTIAL_MARK)[2]
+        if not pid.isdigit() or _process_runs(int(pid)):
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class DraftHead(nn.Module):
@@ -49,13 +79,16 @@ class DraftHead(nn.Module):
     def layer_ids(self) -> list[int]:
         return list(self.config.layer_ids)
 
-    def config_json(self) -> dict[str, Any]:
-        return {
+    def config_json(self, with_adapter: bool = False) -> dict[str, Any]:
+        """``config.json``; a head saved with a LoRA adapter for its target (Medusa-2) says so (``lora_adapter``),
+        so that loading it without ``lora/`` is an error rather than drafts against the bare target."""
+        meta = {
             "head_type": self.head_type,
             "format_version": FORMAT_VERSION,
             "specheads_version": __version__,
             "config": self.config.to_dict(),
         }
+        return {**meta, ADAPTER_KEY: True} if with_adapter else meta
 
     def save_pretrained(
         self,
@@ -75,20 +108,23 @@ class DraftHead(nn.Module):
         """
         out = Path(save_directory)
         out.mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(out)
         writers = {
             # save_model de-duplicates tied tensors (e.g. a draft model's tied embedding and lm_head).
             WEIGHTS_NAME: lambda path: safetensors.torch.save_model(self, str(path), metadata={"format": "pt"}),
-            CONFIG_NAME: lambda path: path.write_text(json.dumps(self.config_json(), indent=2) + "\n"),
+            CONFIG_NAME: lambda path: path.write_text(
+                json.dumps(self.config_json(write_adapter is not None), indent=2) + "\n"
+            ),
             # the card says whether this head comes with an adapter (Medusa-2), which it cannot see yet in lora/
             "README.md": lambda path: write_model_card(
                 path, self, {**(card or {}), ADAPTER_KEY: write_adapter is not None}
             ),
         }
         staged: list[tuple[Path, Path]] = []
-        adapter = out / f".{LORA_DIR}.partial-{os.getpid()}"
+        adapter = out / f".{LORA_DIR}{PARTIAL_MARK}{os.getpid()}"
         try:
             for name, write in writers.items():
-                staged.append((out / f".{name}.partial-{os.getpid()}", out / name))
+                staged.append((out / f".{name}{PARTIAL_MARK}{os.getpid()}", out / name))
                 write(staged[-1][0])
                 make_readable(staged[-1][0])
             if write_adapter is not None:

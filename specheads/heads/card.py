@@ -121,7 +121,8 @@ def _summary(class_name: str, n_params: int, with_adapter: bool) -> list[str]:
         "heads.",
         "",
         "Decoding runs the target with this adapter applied (`specheads generate` applies it; in Python, "
-        "`target = load_lora_adapter(target, folder)` before `load_head`), so the output is exactly the adapted "
+        "`target, applied = apply_lora_adapter(target, folder)` before `load_head(folder, target, "
+        "adapter_applied=applied)`), so the output is exactly the adapted "
         "model's. The adapter was distilled to stay close to the base target, but its output is not equal to the "
         "base target's.",
     ]
@@ -155,12 +156,12 @@ def _use_section(name_or_path: str, with_adapter: bool) -> list[str]:
         lines += [
             "",
             "```python",
-            "from specheads.heads import load_head, load_lora_adapter",
+            "from specheads.heads import apply_lora_adapter, load_head",
             "from specheads.target import load_target",
             "",
             f'target, tokenizer = load_target("{target}")',
-            'target = load_lora_adapter(target, "OWNER/REPO")  # the target with this adapter applied',
-            'head = load_head("OWNER/REPO", target)',
+            'target, applied = apply_lora_adapter(target, "OWNER/REPO")  # the target with this adapter applied',
+            'head = load_head("OWNER/REPO", target, adapter_applied=applied)',
             "```",
         ]
     return lines

@@ -19,6 +19,10 @@ class HeadConfigError(ValueError):
     """A head config (or the target it is used with) does not match what was expected."""
 
 
+FILE_FIX = "the config file was edited by hand or written by another tool: fix the value or re-save the head"
+"""What to do about a saved head's ``config.json`` value of the wrong type."""
+
+
 class HeadLoadError(RuntimeError):
     """A saved head could not be loaded strictly."""
 
@@ -139,12 +143,13 @@ class HeadConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> HeadConfig:
-        """Build the config strictly: unknown keys are errors that list the valid ones."""
-        return _dataclass_from_dict(cls, data, where=cls.__name__)
+    def from_dict(cls, data: dict[str, Any], fix: str = FILE_FIX) -> HeadConfig:
+        """Build the config strictly: unknown keys are errors that list the valid ones; a value of the wrong type
+        is an error that ends with ``fix`` (what the user who wrote ``data`` should do)."""
+        return _dataclass_from_dict(cls, data, where=cls.__name__, fix=fix)
 
 
-def _dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+def _dataclass_from_dict(cls: type, data: dict[str, Any], where: str, fix: str = FILE_FIX) -> Any:
     if not isinstance(data, dict):
         raise HeadConfigError(f"{where}: expected a mapping, found {type(data).__name__}")
     names = {f.name for f in dataclasses.fields(cls)}
@@ -156,11 +161,10 @@ def _dataclass_from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
     for key, value in data.items():
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
-            value = _dataclass_from_dict(hint, value, where=f"{where}.{key}")
+            value = _dataclass_from_dict(hint, value, where=f"{where}.{key}", fix=fix)
         elif not _has_type(value, hint):
             raise HeadConfigError(
-                f"{where}.{key}: expected {_type_name(hint)}, found {type(value).__name__} {value!r}; the config "
-                "file was edited by hand or written by another tool: fix the value or re-save the head"
+                f"{where}.{key}: expected {_type_name(hint)}, found {type(value).__name__} {value!r}; {fix}"
             )
         kwargs[key] = value
     return cls(**kwargs)

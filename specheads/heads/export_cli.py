@@ -31,7 +31,10 @@ DTYPES = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "f
 def export_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specheads export", description=__doc__.split("\n\n")[0])
     parser.add_argument("head", help="a folder written by head.save_pretrained() (e.g. runs/eagle3-smollm2-135m)")
-    parser.add_argument("out", help="output folder")
+    parser.add_argument("out", help="output folder (new or empty; an existing one only with --overwrite)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="write into OUT even when it holds files (never the head's folder)"
+    )
     parser.add_argument("--engine", choices=ENGINES, default="vllm", help="which engine's format (default: vllm)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="keep", help="cast the weights (default: keep)")
     parser.add_argument(
@@ -42,6 +45,7 @@ def export_main(argv: list[str] | None = None) -> int:
 
     try:
         folder = resolve_head_folder(args.head)
+        check_output_folder(folder, Path(args.out), args.overwrite)
         if (folder / LORA_DIR).is_dir():
             raise ExportError(
                 f"{args.head} is a Medusa-2 head: its heads were trained with the LoRA adapter in {LORA_DIR}/, and an "
@@ -64,6 +68,23 @@ def export_main(argv: list[str] | None = None) -> int:
     (Path(args.out) / "README.md").write_text(usage)
     print(f"wrote {args.out}: {', '.join(files)}\n\n{usage}")
     return 0
+
+
+def check_output_folder(head: Path, out: Path, overwrite: bool) -> None:
+    """Export writes ``config.json`` and ``model.safetensors``, the names a head's own files have: the head's folder
+    is never an output, and a folder that holds files is one only with ``--overwrite``."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"output {out} is a file; expected a folder to write the export into: pick another OUT")
+    if out.is_dir() and out.resolve() == head.resolve():
+        raise ExportError(
+            f"output {out} is the head's own folder ({head}); the export would replace the head's files with the "
+            "engine's: pick another OUT"
+        )
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(
+            f"output {out} already holds files; expected a new or empty folder: pick another OUT, or pass "
+            "--overwrite to replace what an earlier export wrote there"
+        )
 
 
 SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}

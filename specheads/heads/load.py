@@ -14,8 +14,9 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedModel
 
-from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, DraftHead
+from specheads.heads.base import CHECKPOINT_STATE_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, DraftHead
 from specheads.heads.borrowed import UnsupportedTargetError
+from specheads.heads.card import ADAPTER_KEY
 from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleDrafter, target_to_draft
@@ -30,9 +31,6 @@ HEADS: dict[str, type[DraftHead]] = {
 """The literal registry of head types, keyed by the ``head_type`` written into ``config.json``."""
 
 
-ADAPTER_MARK = "specheads_lora_adapter"
-"""Attribute ``load_lora_adapter`` sets on the model it adapts: the adapter folder it applied."""
-
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 """The LoRA adapter's weights as peft saves them by default; peft would also unpickle an ``adapter_model.bin``,
 which ``load_lora_adapter`` refuses."""
@@ -43,25 +41,20 @@ def load_head(
     target: PreTrainedModel,
     revision: str | None = None,
     trainable: bool = False,
+    adapter_applied: bool = False,
 ) -> DraftHead:
     """Load a saved head onto ``target``, strictly, in eval mode with gradients off (inference use).
 
     ``trainable=True`` keeps train mode and the gradients of a freshly built head (to continue training from it), in
     fp32 whatever the target's dtype: optimizer updates to bf16 weights would mostly round away.
     A Llama EAGLE-3 draft checkpoint as SpecForge, vLLM and SGLang use it loads too (``specheads.heads.interop``).
-    A Medusa-2 head's LoRA adapter (``lora/`` beside it) is not applied here: call ``load_lora_adapter(target,
-    folder)`` first, as ``specheads generate`` does; loading such a head onto a target without it warns.
+    A Medusa-2 head's LoRA adapter (``lora/`` beside it) is not applied here: call ``apply_lora_adapter(target,
+    folder)`` first, as ``specheads generate`` does, and pass on whether it applied one as ``adapter_applied``;
+    loading such a head without ``adapter_applied=True`` warns.
     """
     folder = resolve_head_folder(dir_or_hub_id, revision)
-    adapter = folder / LORA_DIR
-    if not trainable and adapter.is_dir() and getattr(target, ADAPTER_MARK, None) != str(adapter.resolve()):
-        warnings.warn(
-            f"{folder} was trained jointly with a LoRA adapter on the target (Medusa-2, in {adapter}), which this "
-            "target does not carry: drafts will come from the unadapted target. Call "
-            f"target = specheads.heads.load_lora_adapter(target, {str(folder)!r}) before load_head",
-            stacklevel=2,
-        )
     raw = _read_json(folder / CONFIG_NAME)
+    adapter = required_adapter(folder, raw)
     if is_eagle3_checkpoint(raw):
         head = load_eagle3_checkpoint(folder, target)
         if trainable:
@@ -71,7 +64,14 @@ def load_head(
     head_cls = HEADS[meta["head_type"]]
     config = head_cls.config_class.from_dict(meta["config"])
     actual = TargetRecord.from_model(target)
-    if getattr(target, ADAPTER_MARK, None) == str(adapter.resolve()):
+    if not trainable and adapter is not None and not adapter_applied:
+        warnings.warn(
+            f"{folder} was trained jointly with a LoRA adapter on the target (Medusa-2, in {adapter}), which this "
+            "target does not carry: drafts will come from the unadapted target. Call target, applied = "
+            f"specheads.heads.apply_lora_adapter(target, {str(folder)!r}) and pass adapter_applied=applied",
+            stacklevel=2,
+        )
+    if adapter is not None and adapter_applied:
         actual.weight_probe = []  # its own Medusa-2 adapter, merged: other weights by design; names decide
     _check_target(config.target, actual, reads_features=head_cls is not DraftModel)
     builder = getattr(head_cls, "for_loading", head_cls)
@@ -137,9 +137,20 @@ def resolve_head_folder(dir_or_hub_id: str | os.PathLike, revision: str | None =
         if not path.is_dir():
             raise HeadLoadError(f"{path} is a file; expected a head folder with {CONFIG_NAME} and {WEIGHTS_NAME}")
         return path
+    if looks_like_a_path(str(dir_or_hub_id)):
+        raise HeadLoadError(
+            f"head folder {dir_or_hub_id} does not exist; expected a folder written by head.save_pretrained() (a "
+            "finished training run's output folder): check the path"
+        )
     from specheads.heads.hub import download_head
 
     return download_head(str(dir_or_hub_id), revision=revision)
+
+
+def looks_like_a_path(text: str) -> bool:
+    """A name that cannot be a Hub id (``OWNER/NAME`` or ``NAME``): absolute, relative to ``.``, ``..`` or ``~``, or
+    with more than one ``/``."""
+    return text.startswith(("/", ".", "~")) or text.count("/") > 1 or (os.sep != "/" and os.sep in text)
 
 
 def _check_target(record: TargetRecord, actual: TargetRecord, reads_features: bool = True) -> None:
@@ -253,18 +264,49 @@ def _tied_aliases(head: DraftHead, saved: set[str]) -> set[str]:
     return {name for names in groups.values() if len(names) > 1 and saved & set(names) for name in names}
 
 
+def refuse_checkpoint_as_head(folder: str | os.PathLike, option: str) -> None:
+    """A training checkpoint given where a saved head is expected is an error that says which folder to pass
+    instead: a checkpoint holds the optimizer's state and no ``config.json``, so it does not load as a head."""
+    path = Path(folder)
+    if (path / CHECKPOINT_STATE_NAME).is_file() and not (path / CONFIG_NAME).is_file():
+        raise HeadLoadError(
+            f"{option}={folder} is a training checkpoint, not a saved head; pass the run's output folder (written "
+            f"when training finishes), or continue training from it with train.resume={folder}"
+        )
+
+
+def required_adapter(folder: Path, meta: dict[str, Any] | None = None) -> Path | None:
+    """The LoRA adapter folder a head needs on its target (Medusa-2), or None. A ``config.json`` that records one
+    (``lora_adapter``) without its ``lora/`` folder is an error: drafts would come from the bare target."""
+    meta = _read_json(folder / CONFIG_NAME) if meta is None else meta
+    adapter = folder / LORA_DIR
+    if meta.get(ADAPTER_KEY) and not adapter.is_dir():
+        raise HeadLoadError(
+            f"{folder} is a Medusa-2 head trained with a LoRA adapter on its target ({CONFIG_NAME} says "
+            f"{ADAPTER_KEY}: true), but its {LORA_DIR}/ folder is missing; copy the whole head folder again (its "
+            f"{LORA_DIR}/ too), or retrain"
+        )
+    return adapter if adapter.is_dir() else None
+
+
 def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -> PreTrainedModel:
-    """Merge a Medusa-2 LoRA adapter saved beside a head (a folder or a Hub id) into ``target`` and return the
-    merged, frozen model.
+    """``apply_lora_adapter``'s model alone: ``target`` with the head's Medusa-2 adapter applied (unchanged without
+    one); ``load_head`` then needs ``adapter_applied=True``."""
+    return apply_lora_adapter(target, head_folder)[0]
+
+
+def apply_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -> tuple[PreTrainedModel, bool]:
+    """Merge a Medusa-2 LoRA adapter saved beside a head (a folder or a Hub id) into ``target``; return the merged,
+    frozen model and whether an adapter was applied (pass it to ``load_head`` as ``adapter_applied``).
 
     Heads without an adapter return ``target`` unchanged. Merging changes the target's weights in place: the
     adapted target is the model whose output decoding then reproduces exactly. A bf16/fp16 target keeps the adapter
     unmerged (injected into its layers, as in training): adding a small LoRA update to a low-precision weight would
     mostly round it away, so the merged model would not be the one that was trained.
     """
-    adapter = resolve_head_folder(head_folder) / LORA_DIR
-    if not adapter.is_dir():
-        return target
+    adapter = required_adapter(resolve_head_folder(head_folder))
+    if adapter is None:
+        return target, False
     if not (adapter / ADAPTER_WEIGHTS_NAME).is_file():  # else peft falls back to unpickling adapter_model.bin
         found = sorted(p.name for p in adapter.iterdir())
         raise HeadLoadError(
@@ -279,5 +321,4 @@ def load_lora_adapter(target: PreTrainedModel, head_folder: str | os.PathLike) -
     model = adapted.merge_and_unload() if exact_merge else adapted.get_base_model()
     model.eval()
     model.requires_grad_(False)
-    setattr(model, ADAPTER_MARK, str(adapter.resolve()))  # load_head checks that its adapter is the one applied
-    return model
+    return model, True

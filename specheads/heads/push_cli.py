@@ -14,7 +14,7 @@ from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError, files_to_upload, push_folder
 from specheads.heads.interop import is_eagle3_checkpoint
-from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, safetensors_header
+from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, required_adapter, safetensors_header
 
 
 def push_main(argv: list[str] | None = None) -> int:
@@ -81,7 +81,7 @@ def _check_head_folder(folder: Path) -> None:
     meta = read_head_config(folder)
     HEADS[meta["head_type"]].config_class.from_dict(meta["config"])  # the values' types, as load_head reads them
     weights = [folder / WEIGHTS_NAME]
-    if (folder / LORA_DIR).is_dir():
+    if required_adapter(folder, meta) is not None:  # a Medusa-2 head without its lora/ folder is not published
         weights.append(folder / LORA_DIR / ADAPTER_WEIGHTS_NAME)
     for path in weights:  # the headers: a file nobody could load is not published
         safetensors_header(path)

@@ -29,7 +29,8 @@ from accelerate.utils import DistributedType
 from filelock import FileLock, Timeout
 from omegaconf import OmegaConf
 
-from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME
+from specheads.heads.base import CHECKPOINT_STATE_NAME, WEIGHTS_NAME
+from specheads.training.checkpoint_damage import NEEDED_FILES, damaged_files, newest_intact, warn_if_inexact
 from specheads.training.config import ConfigError, TrainConfig
 from specheads.training.tracking import flatten
 
@@ -37,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
-STATE_FILE = "trainer_state.json"
+STATE_FILE = CHECKPOINT_STATE_NAME
 CONFIG_FILE = "train_config.yaml"
 RANK_STATE = "rank_state_{rank}.json"
 WEIGHTS_FILE = "model.safetensors"  # what ``accelerator.save_state`` names the first model's weights
@@ -143,7 +144,11 @@ def save_checkpoint(
 def read_rank_state(checkpoint: str | os.PathLike, rank: int) -> dict[str, Any]:
     """This rank's ``rank_state`` from ``save_checkpoint`` ({} for checkpoints written before it was kept)."""
     path = Path(checkpoint) / RANK_STATE.format(rank=rank)
-    return json.loads(path.read_text()) if path.is_file() else {}
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:  # the logging window only: training goes on exactly
+        logger.warning("%s is damaged (%s); the first logged loss after the resume covers fewer steps", path, err)
+        return {}
 
 
 def completed_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -189,11 +194,12 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
         _refuse_overwriting_a_head(output_dir, "train.resume=no starts a new run")
         return None
     if resume == "auto":
-        latest = latest_checkpoint(output_dir)
-        if latest is None:
+        found = completed_checkpoints(output_dir)
+        if not found:
             _refuse_overwriting_a_head(output_dir, "train.resume=auto (--resume) found no checkpoint to resume")
             logger.info("train.resume=auto: no checkpoint in %s yet; starting at step 0", checkpoint_root(output_dir))
-        return latest
+            return None
+        return warn_if_inexact(newest_intact(found))
     path = Path(resume)
     if not (path / STATE_FILE).is_file():
         latest = latest_checkpoint(path) if path.is_dir() else None
@@ -220,19 +226,12 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
                 f"from a checkpoint of {output_dir}."
             )
         _refuse_overwriting_a_head(output_dir, f"train.resume={resume} continues another run's checkpoint here")
-    return path
-
-
-def refuse_checkpoint_as_head(folder: str | os.PathLike, option: str) -> None:
-    """A training checkpoint given where a saved head is expected (``head.init_from``) is an error that says which
-    folder to pass instead: a checkpoint holds the optimizer's state and no ``config.json``, so it does not load as a
-    head, and ``load_head`` alone could only say that the file is missing."""
-    path = Path(folder)
-    if (path / STATE_FILE).is_file() and not (path / CONFIG_NAME).is_file():
+    if damage := damaged_files(path, NEEDED_FILES):
         raise ConfigError(
-            f"{option}={folder} is a training checkpoint, not a saved head; pass the run's output folder (written "
-            f"when training finishes), or continue training from it with train.resume={folder}."
+            f"train.resume={resume}: {damage[0]}; expected a complete checkpoint. Resume from an earlier checkpoint "
+            f"of the run (train.resume=auto takes the newest complete one) or start a new run."
         )
+    return warn_if_inexact(path)
 
 
 def _refuse_overwriting_a_head(output_dir: str | os.PathLike, what: str) -> None:
@@ -327,7 +326,16 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, mod
     """Restore a checkpoint written by ``save_checkpoint``. DeepSpeed's holds no frozen weights, so only a model
     with frozen parameters (Medusa-2's adapted target) is loaded non-strictly; every other one stays strict."""
     frozen = any(not p.requires_grad for p in model.parameters())
-    accelerator.load_state(str(checkpoint), **_engine_kwargs(accelerator, load_module_strict=not frozen))
+    try:
+        accelerator.load_state(str(checkpoint), **_engine_kwargs(accelerator, load_module_strict=not frozen))
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - a file that passed damaged_files and still does not load
+        reason = (str(err).splitlines() or [""])[0]
+        raise ConfigError(
+            f"checkpoint {checkpoint} could not be loaded ({type(err).__name__}: {reason}); "
+            "expected a checkpoint written by this run's config: resume from an earlier one or start a new run"
+        ) from err
 
 
 def _engine_kwargs(accelerator: Accelerator, **deepspeed: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specheads.training.config_messages import reworded, yaml_problem
-from specheads.training.config_secrets import secret_env_read, secret_value
+from specheads.training.config_secrets import env_references, secret_env_read, secret_value, with_references
 from specheads.training.data import DataConfig
 
 FEATURE_MODES = ("online", "offline")
@@ -145,6 +145,8 @@ class TrainConfig:
     loss: LossSection = field(default_factory=LossSection)
     lora: LoraSection = field(default_factory=LoraSection)
     train: TrainSection = field(default_factory=TrainSection)
+    # dotted key -> the ``${oc.env:...}`` text its value was read through: written out instead of the value
+    env_reads: dict[str, str] = field(default_factory=dict, metadata={"omegaconf_ignore": True})
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -165,7 +167,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
         given = [o for o in overrides or [] if o.partition("=")[0].strip() == key]
         return f"command-line override {given[-1]}" if given else str(path or "config")
 
-    if problem := secret_env_read(OmegaConf.to_container(merged, resolve=False), source_of):
+    unresolved = OmegaConf.to_container(merged, resolve=False)
+    if problem := secret_env_read(unresolved, source_of):
         raise ConfigError(problem)  # before resolving: a secret is never read into the config
     try:
         cfg = OmegaConf.to_object(merged)
@@ -174,6 +177,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     if problem := secret_value(to_container(cfg), source_of):
         raise ConfigError(problem)
     validate(cfg)
+    cfg.env_reads = env_references(unresolved)
     return cfg
 
 
@@ -192,7 +196,7 @@ def _read_yaml(path: str | os.PathLike) -> DictConfig:
         loaded = None
     if not isinstance(loaded, DictConfig):
         kind = "a list" if isinstance(loaded, ListConfig) else "a single value"
-        sections = ", ".join(f"{f.name}:" for f in dataclasses.fields(TrainConfig))
+        sections = ", ".join(f"{f.name}:" for f in dataclasses.fields(TrainConfig) if not f.metadata)
         raise ConfigError(f"{path}: expected a mapping of sections at the top level ({sections}), found {kind}.")
     return loaded
 
@@ -243,7 +247,8 @@ def validate(cfg: TrainConfig) -> None:
 
     require_tracker_package(cfg.train.log_with)  # here, not after the target loaded: accelerate would only warn
     try:
-        HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options))
+        fix = "fix head.options in the training config (the YAML file or a head.options.KEY=VALUE override)"
+        HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options), fix=fix)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"head.options: {err}") from None
     _check_feature_source(cfg.features)
@@ -388,9 +393,10 @@ def _normalise_resume(train: TrainSection) -> None:
 
 
 def to_container(cfg: TrainConfig) -> dict[str, Any]:
-    """The resolved config as plain dicts (for trackers, the model card and ``train_config.yaml``)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    """The config as plain dicts (for trackers, the model card and ``train_config.yaml``): resolved, except values
+    read from the environment, which keep their ``${oc.env:...}`` reference."""
+    return with_references(OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True), cfg.env_reads)
 
 
 def to_yaml(cfg: TrainConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg), resolve=True)
+    return OmegaConf.to_yaml(OmegaConf.create(to_container(cfg)))

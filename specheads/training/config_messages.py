@@ -85,7 +85,7 @@ def _unknown_key_message(err: ConfigKeyError, source: str, schema: type) -> str:
     node = schema_type(schema, parent) if parent else schema
     if not dataclasses.is_dataclass(node):
         return f"{source}: unknown key '{full_key}'."
-    valid = sorted(f.name for f in dataclasses.fields(node))
+    valid = sorted(f.name for f in dataclasses.fields(node) if not f.metadata.get("omegaconf_ignore"))
     where = f"section '{parent}'" if parent else "the top level"
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" Did you mean '{parent + '.' if parent else ''}{close[0]}'?" if close else ""

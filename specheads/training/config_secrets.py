@@ -5,6 +5,9 @@ The resolved config is copied into the head's model card (``README.md``, publish
 environment (``${oc.env:HF_TOKEN}``) or carry one pasted in. Libraries that need a secret read it from the environment
 themselves (huggingface_hub: ``HF_TOKEN``; wandb: ``WANDB_API_KEY``). Each check returns the problem as a message
 (naming the variable, never its value) for ``load_config`` to raise.
+
+What a config reads from an ordinary variable is not written out either: the files a head ships with keep the
+``${oc.env:...}`` reference (``env_references``, ``with_references``), as the user wrote it, not the value read.
 """
 
 from __future__ import annotations
@@ -79,3 +82,20 @@ def _strings(node: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
             yield from _strings(value, f"{prefix}[{index}]")
     elif isinstance(node, str):
         yield prefix, node
+
+
+def env_references(unresolved: dict[str, Any]) -> dict[str, str]:
+    """``dotted key -> text`` for every value that reads an environment variable (``${oc.env:...}``)."""
+    return {key: text for key, text in _strings(unresolved) if _ENV_READ.search(text)}
+
+
+def with_references(resolved: dict[str, Any], references: dict[str, str]) -> dict[str, Any]:
+    """``resolved`` with each key of ``references`` set back to its ``${oc.env:...}`` text (in place)."""
+    for key, text in references.items():
+        node: Any = resolved
+        parts = re.findall(r"[^.\[\]]+|\[\d+\]", key)
+        for part in parts[:-1]:
+            node = node[int(part[1:-1])] if part.startswith("[") else node[part]
+        last = parts[-1]
+        node[int(last[1:-1]) if last.startswith("[") else last] = text
+    return resolved

@@ -29,8 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts of the file")
     gen.add_argument("--batch-size", type=positive_int, default=8)
     gen.add_argument("--max-new-tokens", type=positive_int, default=512)
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
+    gen.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--device", default="cpu")
 
@@ -106,6 +106,29 @@ def _int_at_least(text: str, low: int) -> int:
     if value < low:
         raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
     return value
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a temperature (0 = greedy; a negative one has no meaning)."""
+    value = _float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 (0 = greedy), got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """An argparse type: a top-p mass, in (0, 1] (1 keeps every token)."""
+    value = _float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1 = no cut), got {text}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def default_cache_layer_ids(num_hidden_layers: int) -> list[int]:

@@ -50,12 +50,20 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
     another model, would be trained on as if the target had written them.
     """
     records = []
+    seen: dict[str, int] = {}  # id -> its line: a resume skips by id, so two prompts with one id lose one
     multi_turn = 0
     for line_number, record in _numbered_jsonl(path):
         if limit is not None and len(records) >= limit:
             break
-        if "id" not in record:
-            raise ValueError(f"{path}:{line_number}: record has no 'id' (keys {sorted(record)}); resuming needs ids.")
+        if not isinstance(record, dict) or "id" not in record:
+            found = f"keys {sorted(record)}" if isinstance(record, dict) else f"a {type(record).__name__}"
+            raise ValueError(f"{path}:{line_number}: record has no 'id' ({found}); resuming needs ids.")
+        if str(record["id"]) in seen:
+            raise ValueError(
+                f"{path}:{line_number}: id {record['id']!r} is also the id of line {seen[str(record['id'])]}; "
+                "expected unique ids (a resume skips the prompts whose id is already answered): rename one."
+            )
+        seen[str(record["id"])] = line_number
         if "messages" in record:
             messages = [{"role": m["role"], "content": m["content"]} for m in record["messages"]]
             first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
@@ -74,6 +82,8 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
         if "source" in record:
             out["source"] = record["source"]
         records.append(out)
+    if not records:
+        raise ValueError(f"{path} holds no prompt records; expected JSONL lines with 'id' and 'prompt' or 'messages'.")
     if multi_turn:
         logger.warning(
             "%d of %d prompt records hold several user turns; only the first is answered (the later turns' answers "
@@ -100,9 +110,21 @@ def _numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of an output JSONL file (a trailing line without newline, cut by a kill, is ignored)."""
+    """Every complete line of an output JSONL file (a trailing line without newline, cut by a kill, is ignored);
+    an unreadable complete line is an error naming it."""
+    records = []
     with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
+        for number, line in enumerate(f, start=1):
+            if not line.endswith("\n") or not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"{path}:{number}: not a JSON record ({err}); the file was edited or damaged: fix or delete that "
+                    "line (its prompt is answered again), or write to another --out."
+                ) from None
+    return records
 
 
 def finished_ids(out_path: Path) -> set[str]:

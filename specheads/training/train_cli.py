@@ -66,7 +66,7 @@ def _exit_with_launcher() -> None:
 
 
 def train_main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # options and overrides in any order
     # Other ranks log warnings only (transformers' Trainer does the same with log_level_replica): the data summary and
     # "saved head to ..." are said once, by the launch's rank 0.
     main_rank = int(os.environ.get("RANK", "0")) == 0
@@ -74,14 +74,14 @@ def train_main(argv: list[str] | None = None) -> int:
         level=logging.INFO if main_rank else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from specheads.training.checkpoint import refuse_checkpoint_as_head
+    from specheads.heads.load import HeadLoadError, refuse_checkpoint_as_head
 
     try:
         cfg = load_config(args.config, list(args.overrides))
         _apply_resume_flag(cfg, list(args.overrides), args.resume)
         if cfg.head.init_from:  # before the target loads: a checkpoint is the likely mix-up
             refuse_checkpoint_as_head(cfg.head.init_from, "head.init_from")
-    except ConfigError as err:
+    except (ConfigError, HeadLoadError) as err:
         return _error(err)
     from specheads.heads import UnsupportedTargetError
     from specheads.heads.config import HeadConfigError, HeadLoadError

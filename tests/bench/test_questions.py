@@ -61,8 +61,11 @@ GOOD = {"question_id": 161, "category": "translation", "turns": ["t1"]}
         ({**GOOD, "turns": [""]}, "expected a list whose first turn is a non-empty string"),
         ({**GOOD, "turns": [5]}, "turns is \\[5\\]"),
         ({**GOOD, "turns": {"0": "t"}}, "expected a list whose first turn"),
-        ({**GOOD, "question_id": None}, "question_id is None; expected an integer"),
-        ({**GOOD, "question_id": "abc"}, "question_id is 'abc'"),
+        ({**GOOD, "question_id": None}, "question_id is None; expected a non-empty string or an integer"),
+        ({**GOOD, "question_id": ""}, "question_id is ''"),
+        ({**GOOD, "question_id": 1.5}, "question_id is 1.5"),
+        ({**GOOD, "question_id": 161}, "question_id 161 is also the id of line 1; expected ids unique"),
+        ({**GOOD, "question_id": "161"}, "question_id 161 is also the id of line 1"),
         ({**GOOD, "category": 7}, "category is 7; expected a non-empty string"),
         ({"question_id": 1}, "missing \\['category', 'turns'\\]"),
         ("[1, 2]", "found a list"),
@@ -78,6 +81,21 @@ def test_odd_question_lines_name_the_file_and_line(tmp_path, line, message):
         load_questions(path)
     path.write_text(json.dumps({**GOOD, "question_id": "162"}) + "\n")
     assert load_questions(path)[0].question_id == 162  # an id written as a digit string is read as the number
+
+
+def test_question_ids_may_be_strings_or_integers(tmp_path):
+    """A user's own set (or HumanEval's ``HumanEval/18``) names questions by strings; each id is unique in its file."""
+    records = [{**GOOD, "question_id": "HumanEval/18"}, {**GOOD, "question_id": "ah-1"}, {**GOOD, "question_id": 7}]
+    questions = load_questions(write_questions(tmp_path / "q.jsonl", records))
+    assert [q.question_id for q in questions] == ["HumanEval/18", "ah-1", 7]
+    assert [q.question_id for q in select_per_category(questions, 2)] == ["HumanEval/18", "ah-1"]
+
+
+def test_an_empty_question_file_is_an_error_naming_it(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(ValueError, match=f"question file {path} holds no questions"):
+        load_questions(path)
 
 
 def test_calibration_questions_are_never_measured_and_cover_the_measured_categories(tmp_path):

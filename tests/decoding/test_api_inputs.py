@@ -16,7 +16,15 @@ from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
-from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, load_head, load_lora_adapter
+from specheads.heads import (
+    EagleConfig,
+    EagleDrafter,
+    MedusaConfig,
+    MedusaHeads,
+    apply_lora_adapter,
+    load_head,
+    load_lora_adapter,
+)
 from tests.decoding.helpers import TinyTokenizer
 
 PROMPT = [3, 17, 42, 5, 17, 42, 9]
@@ -169,12 +177,14 @@ def test_a_medusa2_head_without_its_adapter_warns(target, tmp_path):
     MedusaHeads(MedusaConfig(num_heads=2), target).save_pretrained(tmp_path)
     adapted = get_peft_model(copy.deepcopy(target), LoraConfig(r=2, target_modules=["q_proj"]))
     adapted.save_pretrained(tmp_path / "lora")
-    with pytest.warns(UserWarning, match="load_lora_adapter"):
+    with pytest.warns(UserWarning, match="apply_lora_adapter"):
         load_head(tmp_path, target)
-    ready = load_lora_adapter(copy.deepcopy(target), tmp_path)
+    ready, applied = apply_lora_adapter(copy.deepcopy(target), tmp_path)
+    assert applied and not hasattr(ready, "specheads_lora_adapter")  # said by the return value, not on the model
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_head(tmp_path, ready)
+        load_head(tmp_path, ready, adapter_applied=applied)
+    assert load_lora_adapter(copy.deepcopy(target), tmp_path) is not target
 
 
 def test_a_generation_config_that_samples_is_flagged(target):

@@ -62,7 +62,8 @@ def test_medusa2_card_says_decoding_reproduces_the_adapted_target_not_the_base(t
     assert _title(tmp_path / "head") == "# Medusa-2 heads for tiny-random-llama"
     assert "lossless" not in card.text and "frozen target" not in card.text
     assert "the output is exactly the adapted model's" in card.text and "not equal to the base" in card.text
-    assert "load_lora_adapter(target" in card.text and "`specheads generate` applies it" in card.text
+    assert "apply_lora_adapter(target" in card.text and "`specheads generate` applies it" in card.text
+    assert "adapter_applied=applied" in card.text
     assert "## Metrics" not in card.text  # no evaluation ran: no empty section
 
 
@@ -80,7 +81,7 @@ def test_saved_adapter_has_no_peft_card_nor_local_path_and_still_loads(tiny_llam
     adapted = load_lora_adapter(copy.deepcopy(tiny_llama), tmp_path / "head")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        load_head(tmp_path / "head", adapted)
+        load_head(tmp_path / "head", adapted, adapter_applied=True)
     assert not [w for w in caught if "LoRA" in str(w.message)]  # "... which this target does not carry"
     ids = torch.tensor([[1, 5, 9, 2, 7]])
     with torch.no_grad():

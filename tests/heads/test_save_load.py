@@ -1,6 +1,7 @@
 """Round trips through config.json + model.safetensors, and every strict-load error."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -251,6 +252,68 @@ def test_missing_folder_offline_is_a_clear_error(tiny_llama, monkeypatch):
 
     with pytest.raises(HubError, match="is not a local folder and could not be fetched"):
         load_head("nobody/no-such-head", tiny_llama)
+
+
+def test_a_missing_local_folder_is_a_local_path_error_not_a_hub_one(tiny_llama, tmp_path, monkeypatch):
+    """A path that cannot be a Hub id was answered with a Hub hint ("HF_HUB_OFFLINE is set: unset it")."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for missing in (tmp_path / "nope", "./runs/nope", "runs/medusa/nope"):
+        with pytest.raises(HeadLoadError, match=f"head folder {missing} does not exist; expected a folder written"):
+            load_head(missing, tiny_llama)
+
+
+def test_a_killed_saves_partial_files_are_removed_by_the_next_save(tiny_llama, tmp_path):
+    """A kill during ``save_pretrained`` leaves ``.NAME.partial-PID`` behind (the rename never came); the next save
+    into the folder removes those of processes that no longer run, and keeps a live one's."""
+    import subprocess
+
+    folder = tmp_path / "head"
+    folder.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (folder / f".model.safetensors.partial-{dead.pid}").write_bytes(b"x" * 1000)
+    (folder / f".lora.partial-{dead.pid}").mkdir()
+    live = folder / f".notes.partial-{os.getpid()}"  # a process that still runs (this one)
+    live.write_text("{}")
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(folder)
+    assert sorted(p.name for p in folder.iterdir()) == [live.name, "README.md", "config.json", "model.safetensors"]
+
+
+def test_a_medusa2_head_records_its_adapter_and_refuses_to_load_without_it(tmp_path):
+    """A Medusa-2 head whose lora/ folder was lost decoded the bare target without a word."""
+    from peft import LoraConfig, get_peft_model
+
+    from specheads.heads import apply_lora_adapter
+
+    folder = tmp_path / "head"
+    adapted = get_peft_model(make_tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"]))
+    MedusaHeads(MedusaConfig(num_heads=2), make_tiny_llama()).save_pretrained(
+        folder, write_adapter=lambda path: adapted.save_pretrained(path)
+    )
+    assert json.loads((folder / "config.json").read_text())["lora_adapter"] is True
+    target, applied = apply_lora_adapter(make_tiny_llama(), folder)
+    assert applied and load_head(folder, target, adapter_applied=applied).num_heads == 2
+    import shutil
+
+    shutil.rmtree(folder / "lora")
+    for load in (lambda: apply_lora_adapter(make_tiny_llama(), folder), lambda: load_head(folder, make_tiny_llama())):
+        with pytest.raises(HeadLoadError, match=r"says lora_adapter: true\), but its lora/ folder is missing"):
+            load()
+    plain = tmp_path / "plain"
+    MedusaHeads(MedusaConfig(num_heads=2), make_tiny_llama()).save_pretrained(plain)
+    assert "lora_adapter" not in json.loads((plain / "config.json").read_text())
+    untouched = make_tiny_llama()
+    assert apply_lora_adapter(untouched, plain) == (untouched, False)
+
+
+def test_the_checkpoint_marker_has_one_home():
+    """``trainer_state.json`` is named in heads/base.py alone; training and decoding import it from there."""
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "specheads"
+    homes = [p.relative_to(package) for p in package.rglob("*.py") if '"trainer_state.json"' in p.read_text()]
+    assert homes == [Path("heads/base.py")]
+    assert "ADAPTER_MARK" not in "".join(p.read_text() for p in package.rglob("*.py"))
 
 
 def test_save_over_a_run_folder_touches_only_the_head_and_drops_an_earlier_adapter(tiny_llama, tmp_path):

@@ -338,6 +338,28 @@ def test_ordinary_environment_variables_still_resolve(monkeypatch):
     assert cfg.train.run_name == "nightly-medusa" and cfg.train.project == "from-env"
 
 
+def test_values_read_from_the_environment_are_written_as_their_reference(tmp_path, monkeypatch):
+    """``train_config.yaml``, the model card and the tracker's config (what ``push`` uploads) held the value a
+    ``${oc.env:VAR}`` read, a path or name of the machine that ran it; they keep the reference."""
+    from omegaconf import OmegaConf
+
+    from specheads.training.config import to_container, to_yaml
+
+    monkeypatch.setenv("RUN_LABEL", "private-label")
+    monkeypatch.setenv("MY_DATA", str(tmp_path / "private-place"))
+    overrides = ["train.run_name=${oc.env:RUN_LABEL}-medusa", "data.paths=['${oc.env:MY_DATA}/chats.jsonl']"]
+    cfg = load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", overrides)
+    assert cfg.train.run_name == "private-label-medusa"  # the run itself reads the values
+    assert cfg.data.paths == [f"{tmp_path}/private-place/chats.jsonl"]
+    written = to_yaml(cfg)
+    assert "private" not in written and "private" not in str(to_container(cfg))
+    assert to_container(cfg)["data"]["paths"] == ["${oc.env:MY_DATA}/chats.jsonl"]
+    assert OmegaConf.create(written).train.run_name == "private-label-medusa"  # read back, it resolves again
+    path = tmp_path / "train_config.yaml"
+    path.write_text(written)
+    assert load_config(path).train.run_name == "private-label-medusa"
+
+
 def test_a_path_held_by_a_secret_looking_variable_is_not_taken_for_a_secret(tmp_path, monkeypatch):
     """``SSH_AUTH_SOCK`` and the like hold paths that an output folder may well contain; only values without a path
     separator (tokens, keys) are looked for."""

@@ -247,7 +247,7 @@ def test_medusa2_under_fsdp2_saves_the_head_and_adapter_ddp_saves_and_resumes(
     from specheads.heads import load_lora_adapter
 
     target, _ = load_target(Path(tiny_target_dir))
-    load_head(tmp_path / "fsdp" / "run", load_lora_adapter(target, tmp_path / "fsdp" / "run"))
+    load_head(tmp_path / "fsdp" / "run", load_lora_adapter(target, tmp_path / "fsdp" / "run"), adapter_applied=True)
 
 
 def test_two_nodes_on_localhost_train_as_one_group(tiny_target_dir, small_chat_file, tmp_path):

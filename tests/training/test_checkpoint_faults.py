@@ -1,0 +1,91 @@
+"""Damaged checkpoints on resume: the damaged file is named, the run falls back to the newest complete checkpoint,
+and damage that only costs exactness (random or sampler state) is a warning. Docs: docs/reliability.md."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import REPO, tiny_overrides
+
+from specheads.training.checkpoint import checkpoint_root, completed_checkpoints, resolve_resume
+from specheads.training.checkpoint_damage import EXACTNESS_FILES, NEEDED_FILES, damaged_files
+from specheads.training.config import ConfigError, load_config
+from specheads.training.loop import train
+
+MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
+
+
+def _train(target: Path, chats: Path, out: Path, **changes: object):
+    overrides = tiny_overrides(target, chats, out, max_steps=3, batch_size=2, save_every=1, keep_last=3, **changes)
+    return train(load_config(MEDUSA, ["data.max_samples=16", "head.options.num_heads=1", *overrides]))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_target_dir, small_chat_file, tmp_path_factory) -> dict[str, Path]:
+    """An uninterrupted 3-step run, and one stopped after step 2 with checkpoints at steps 1 and 2."""
+    root = tmp_path_factory.mktemp("faults")
+    assert _train(tiny_target_dir, small_chat_file, root / "whole").finished
+    assert _train(tiny_target_dir, small_chat_file, root / "stopped", stop_after=2).step == 2
+    return {"root": root, "whole": root / "whole", "stopped": root / "stopped"}
+
+
+def _copy(runs: dict[str, Path], name: str) -> Path:
+    out = runs["root"] / name
+    shutil.copytree(runs["stopped"], out)
+    return out
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "optimizer.bin"])
+def test_a_truncated_file_in_the_newest_checkpoint_falls_back_with_a_warning_naming_it(
+    runs, damaged, tiny_target_dir, small_chat_file, caplog
+):
+    """Before: a SafetensorError or a PytorchStreamReader error, naming neither the file nor a way out."""
+    out = _copy(runs, f"truncated-{damaged}")
+    newest = checkpoint_root(out) / "step-00000002"
+    _truncate(newest / damaged)
+    with pytest.raises(ConfigError, match=rf"train.resume={newest}: {newest / damaged} is damaged"):
+        resolve_resume(str(newest), out)  # named explicitly: an error, with the way out
+    caplog.set_level(logging.INFO)
+    resumed = _train(tiny_target_dir, small_chat_file, out, resume="auto")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(f"skipping checkpoint step-00000002: {newest / damaged} is damaged" in w for w in warnings), warnings
+    assert any("resuming from" in w and "step-00000001" in w for w in warnings), warnings
+    assert resumed.finished and resumed.step == 3
+    # resumed from the complete step-1 checkpoint, the run ends where the uninterrupted one did
+    whole, fallback = load_file(str(runs["whole"] / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(whole[name], fallback[name]) for name in whole)
+
+
+def test_damaged_random_state_resumes_with_a_warning_that_it_is_not_exact(runs, caplog):
+    out = _copy(runs, "damaged-rng")
+    newest = checkpoint_root(out) / "step-00000002"
+    _truncate(newest / "random_states_0.pkl")
+    caplog.set_level(logging.WARNING)
+    assert resolve_resume("auto", out) == newest  # weights and optimizer are whole: no fallback
+    assert any(
+        "will not be exact" in r.getMessage() and "random_states_0.pkl is damaged" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_no_complete_checkpoint_left_is_an_error_naming_each_damaged_file(runs):
+    out = _copy(runs, "all-damaged")
+    for checkpoint in completed_checkpoints(out):
+        _truncate(checkpoint / "optimizer.bin")
+    with pytest.raises(ConfigError, match=r"no checkpoint in .* reads back whole .*step-00000002/optimizer.bin"):
+        resolve_resume("auto", out)
+
+
+def test_an_intact_checkpoint_has_no_damaged_files(runs):
+    newest = completed_checkpoints(runs["stopped"])[-1]
+    assert damaged_files(newest, NEEDED_FILES) == [] and damaged_files(newest, EXACTNESS_FILES) == []
+    assert {p.name for p in newest.iterdir()} >= {"model.safetensors", "optimizer.bin", "random_states_0.pkl"}
