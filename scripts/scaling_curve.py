@@ -1,0 +1,163 @@
+"""Acceptance against training tokens: every checkpoint of one EAGLE run, measured on the target's own answers.
+
+Each checkpoint of a run (``train.save_every``) is turned into a head folder (``RUN/curve/step-N``, loadable by
+``specheads bench --head``) and evaluated teacher-forced on a self-distilled file of benchmark prompts (the target's
+greedy answers, ``specheads data generate``): acceptance at depth d is the share of answer positions where the
+head's d-th chained guess equals the target's token, given the d-1 before it were right (the training-time test's
+``top1/step d``). Training tokens are counted exactly by replaying the run's sampler over its data.
+
+    specheads data generate --prompts runs/data/specbench-4pc-prompts.jsonl --out runs/data/specbench-4pc-greedy.jsonl \
+        --max-new-tokens 128
+    python scripts/scaling_curve.py --run runs/eagle3-sharegpt --data runs/data/specbench-4pc-greedy.jsonl \
+        --categories runs/data/specbench-4pc-prompts.jsonl --out docs/results/scaling-sharegpt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import partial
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from specheads.heads import HEADS, EagleDrafter
+from specheads.target import load_target
+from specheads.training.checkpoint import WEIGHTS_FILE, completed_checkpoints, read_step
+from specheads.training.config import LoraSection, LossSection, load_config
+from specheads.training.data import DataConfig, build_datasets, collate
+from specheads.training.features import FeatureSource
+from specheads.training.loop import EpochLengthGroupedSampler
+from specheads.training.metrics import evaluate
+from specheads.training.objective import build_objective
+
+
+def tokens_per_step(cfg, tokenizer) -> list[tuple[int, int]]:
+    """(target tokens, loss tokens) trained on by the end of each step, replaying the run's first-epoch order."""
+    train_ds, _ = build_datasets(cfg.data, tokenizer)
+    lengths = [len(ids) for ids in train_ds["input_ids"]]
+    losses = [sum(mask) for mask in train_ds["loss_mask"]]
+    tc = cfg.train
+    if tc.group_by_length:
+        sampler = EpochLengthGroupedSampler(tc.batch_size, lengths, tc.seed)
+        sampler.set_epoch(0)
+        order = list(sampler)
+    else:  # a shuffled loader's order depends on its generator's use; the counts are then per-sample averages
+        order = list(range(len(lengths)))
+    step_size = tc.batch_size * tc.grad_accum
+    totals, seen, trained = [], 0, 0
+    for start in range(0, len(order), step_size):
+        chunk = order[start : start + step_size]
+        seen += sum(lengths[i] for i in chunk)
+        trained += sum(losses[i] for i in chunk)
+        totals.append((seen, trained))
+    return totals
+
+
+def checkpoint_head(cfg, target, checkpoint: Path, out: Path) -> torch.nn.Module:
+    """The head inside a training checkpoint, saved as a head folder (once) and returned."""
+    if (out / "config.json").is_file():
+        from specheads.heads import load_head
+
+        return load_head(out, target)
+    head_cls = HEADS[cfg.head.type]
+    config = head_cls.config_class.from_dict(dict(cfg.head.options))
+    if head_cls is EagleDrafter and getattr(config, "draft_vocab_size", None):
+        head = EagleDrafter(config, target, d2t=torch.arange(config.draft_vocab_size))  # replaced by the saved maps
+    else:
+        head = head_cls(config, target)
+    state = safetensors.torch.load_file(str(checkpoint / WEIGHTS_FILE))
+    head.load_state_dict({k.removeprefix("head."): v for k, v in state.items() if k.startswith("head.")}, strict=True)
+    head = head.to(next(target.parameters()).dtype)
+    head.save_pretrained(out, card={"training": {"checkpoint": str(checkpoint)}})
+    return head
+
+
+def acceptance(head, target, loader, depths: int) -> dict[str, float]:
+    objective = build_objective(head, target, LossSection(ttt_steps=depths), LoraSection(), 0)
+    features = FeatureSource(target, head.layer_ids, with_logits=objective.needs_logits)
+    metrics = evaluate(Accelerator(cpu=True), objective, loader, features, None)
+    return {f"depth{d}": metrics[f"eval/top1/step{d}"] for d in range(1, depths + 1)} | {"tau": metrics["eval/tau"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", required=True, help="a training output_dir with checkpoints/")
+    parser.add_argument("--data", required=True, help="self-distilled benchmark answers (messages JSONL)")
+    parser.add_argument(
+        "--categories", default=None, help="the prompts file with a 'category' per id (per-category rows)"
+    )
+    parser.add_argument("--depths", type=int, default=3)
+    parser.add_argument("--out", required=True, help="folder for curve.json, curve.md and curve.png")
+    args = parser.parse_args()
+
+    run = Path(args.run)
+    cfg = load_config(run / "train_config.yaml")
+    target, tokenizer = load_target(cfg.target.name)
+    steps = tokens_per_step(cfg, tokenizer)
+    eval_cfg = DataConfig(paths=[args.data], max_length=cfg.data.max_length, eval_size=0)
+    merge = partial(collate, pad_token_id=tokenizer.pad_token_id or 0)
+    records = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
+    groups = {"all": list(range(len(records)))}
+    if args.categories:
+        category = {
+            json.loads(x)["id"]: json.loads(x)["category"]
+            for x in Path(args.categories).read_text().splitlines()
+            if x.strip()
+        }
+        for index, record in enumerate(records):
+            groups.setdefault(category[record["id"]], []).append(index)
+    dataset, _ = build_datasets(eval_cfg, tokenizer)
+    rows = []
+    for checkpoint in completed_checkpoints(run):
+        step = read_step(checkpoint)
+        head = checkpoint_head(cfg, target, checkpoint, run / "curve" / f"step-{step}")
+        seen, trained = steps[min(step, len(steps)) - 1]
+        row = {"step": step, "target_tokens": seen, "loss_tokens": trained}
+        for name, indices in groups.items():
+            loader = DataLoader(dataset.select(indices), batch_size=4, collate_fn=merge)
+            row[name] = acceptance(head, target, loader, args.depths)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    write_outputs(rows, list(groups), args.depths, Path(args.out))
+
+
+def write_outputs(rows: list[dict], groups: list[str], depths: int, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "curve.json").write_text(json.dumps(rows, indent=1))
+    head = "| step | training tokens (loss) | " + " | ".join(f"depth {d}" for d in range(1, depths + 1)) + " | tau |"
+    lines = [head, "|---" * (depths + 3) + "|"]
+    for row in rows:
+        cells = [f"{row['all'][f'depth{d}']:.3f}" for d in range(1, depths + 1)]
+        lines.append(
+            f"| {row['step']} | {row['loss_tokens']:,} | " + " | ".join(cells) + f" | {row['all']['tau']:.2f} |"
+        )
+    if len(groups) > 1 and rows:
+        last = rows[-1]
+        lines += ["", f"Depth-1 acceptance per category at step {last['step']}:", ""]
+        lines += ["| " + " | ".join(groups) + " |", "|---" * len(groups) + "|"]
+        lines.append("| " + " | ".join(f"{last[g]['depth1']:.3f}" for g in groups) + " |")
+    (out / "curve.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for d in range(1, depths + 1):
+        ax.plot([r["loss_tokens"] for r in rows], [r["all"][f"depth{d}"] for r in rows], marker="o", label=f"depth {d}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens (assistant tokens with a loss)")
+    ax.set_ylabel("acceptance (teacher-forced, target's greedy answers)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "curve.png", dpi=120)
+    print((out / "curve.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
