@@ -64,7 +64,7 @@ SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLED_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """Weight files that torch.load would read (pickles): named in the refusal of a folder that has only these."""
 
-# Attention implementations that accept an additive float 4D mask passed straight through (see shared NOTES).
+# Attention implementations that pass an additive float 4D mask straight through (flash kernels take no such mask).
 TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
 

@@ -57,7 +57,7 @@ BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "spech
 @dataclass
 class BenchSettings:
     target: str = "smollm2-135m-instruct"
-    questions: str | None = None  # None: ../shared/data/spec_bench/question.jsonl
+    questions: str | None = None  # None: the repository's data/spec_bench/question.jsonl
     per_category: int = 3
     categories: list[str] = field(default_factory=list)  # empty: all
     max_new_tokens: int = 96
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:
     p = parser.add_argument_group("what is measured")
     p.add_argument("--target", default=d.target, help="target model (built-in name, directory, .gguf, Hub id)")
-    p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: data/spec_bench/)")
     p.add_argument("--per-category", type=int, default=d.per_category, help="questions per category")
     p.add_argument("--categories", nargs="*", default=[], help="only these categories (mt_bench, translation, ...)")
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)

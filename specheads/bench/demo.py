@@ -71,7 +71,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--questions",
-        help="Spec-Bench question file (default: ../shared/data/spec_bench/question.jsonl next to the repository)",
+        help="Spec-Bench question file (default: the repository's data/spec_bench/question.jsonl)",
     )
     args = parser.parse_args(argv)
     missing = [path for path in (DATA, CONFIG) if not path.is_file()]

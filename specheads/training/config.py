@@ -151,7 +151,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     """Defaults <- YAML file <- dotted overrides (``key.sub=value``), validated strictly; interpolations resolved.
 
     The file and each override are merged in turn, so an error names its real source (the file, with line and column
-    for YAML syntax, or the one override). Data paths may use ``${oc.env:SPECHEADS_DATA,../shared/data}`` so configs
+    for YAML syntax, or the one override). Data paths may use ``${oc.env:SPECHEADS_DATA,data}`` so configs
     do not hard-code a machine's layout.
     """
     merged: DictConfig = OmegaConf.structured(TrainConfig)
