@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from specheads.bench.cli import BenchSettings, run_bench, warn_mismatches
+from specheads.bench.cli import run_bench, warn_mismatches
 from specheads.bench.questions import find_default_questions
 from specheads.bench.report import OVERALL
+from specheads.bench.settings import BenchSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from specheads.training.config_messages import reworded, yaml_problem
 from specheads.training.config_secrets import secret_env_read, secret_value
 from specheads.training.data import DataConfig
+from specheads.training.tracker_packages import missing_tracker_package
 
 FEATURE_MODES = ("online", "offline")
 LABEL_KINDS = ("hard", "soft")
@@ -239,9 +240,8 @@ def validate(cfg: TrainConfig) -> None:
     cfg.target.dtype = TARGET_DTYPES[cfg.target.dtype]
     _normalise_resume(cfg.train)
     _check_choice("train.log_with", cfg.train.log_with, TRACKERS)
-    from specheads.training.tracking import require_tracker_package
-
-    require_tracker_package(cfg.train.log_with)  # here, not after the target loaded: accelerate would only warn
+    if problem := missing_tracker_package(cfg.train.log_with):  # here, not after the target loaded: accelerate warns
+        raise ConfigError(problem)
     try:
         HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options))
     except (ValueError, TypeError) as err:
