@@ -14,7 +14,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
-from tiny_models import SMOLLM2, make_tiny_llama  # noqa: E402  (after the environment is set)
+from tests.tiny_models import SMOLLM2, make_tiny_llama  # noqa: E402  (after the environment is set)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.requirements import Requirement
-from tiny_models import SMOLLM2, in_local_hub_cache, make_tiny_llama
 from transformers import LlamaForCausalLM, T5Config
 
 from specheads.target import (
@@ -21,6 +20,7 @@ from specheads.target import (
     check_tree_attention_support,
     load_target,
 )
+from tests.tiny_models import SMOLLM2, in_local_hub_cache, make_tiny_llama
 
 
 @pytest.mark.slow

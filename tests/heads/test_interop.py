@@ -11,7 +11,6 @@ import json
 import pytest
 import safetensors.torch
 import torch
-from tiny_models import ARCHITECTURES, EAGLE_REFUSED, make_tiny_llama, tiny_named
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -29,6 +28,7 @@ from specheads.heads import (
 from specheads.heads.borrowed import LogitTransform, logit_transform
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.interop import ExportError, export_head, load_eagle3_checkpoint
+from tests.tiny_models import ARCHITECTURES, EAGLE_REFUSED, make_tiny_llama, tiny_named
 
 
 def _randomise(module: nn.Module, seed: int = 1) -> None:

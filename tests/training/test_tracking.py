@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_helpers import REPO, tiny_overrides
 
 from specheads.training.config import load_config
 from specheads.training.loop import train
 from specheads.training.tracking import WANDB_ID_FILE, tracker_setup, wandb_mode, wandb_run_id
+from tests.training.train_helpers import REPO, tiny_overrides
 
 MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
 
@@ -167,12 +167,13 @@ def test_a_tracker_without_its_package_fails_before_anything_loads(kind, hidden,
 
 def test_a_folder_named_like_the_tracker_is_not_its_package(tmp_path, monkeypatch):
     """wandb writes its runs into ./wandb by default; that folder is a namespace package to find_spec."""
+    import specheads.training.tracker_packages as tracker_packages
     import specheads.training.tracking as tracking
     from specheads.training.config import ConfigError
 
     (tmp_path / "tracker_runs_folder").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(tracking.TRACKER_PACKAGES, "wandb", ("tracker_runs_folder",))
+    monkeypatch.setitem(tracker_packages.TRACKER_PACKAGES, "wandb", ("tracker_runs_folder",))
     with pytest.raises(ConfigError, match=r"needs the tracker_runs_folder package, which is not installed"):
         tracking.require_tracker_package("wandb")
 
@@ -224,8 +225,8 @@ def test_the_loss_logged_across_a_resume_is_the_uninterrupted_runs(tiny_target_d
 def test_a_sigtermed_run_keeps_its_wandb_metrics_and_resumes_into_the_same_wandb_run(
     tiny_target_dir, small_chat_file, tmp_path
 ):
-    """SIGTERM (a scheduler's preemption, `kill`) used to end the process without unwinding: the wandb run file kept
-    only its header. Now the run exits through SystemExit, wandb flushes, and `--resume` logs into the same run."""
+    """SIGTERM (a scheduler's preemption, `kill`) unwinds: the run exits through SystemExit, wandb flushes (the run
+    file holds more than its header), and `--resume` logs into the same run."""
     import os
     import signal
     import subprocess
