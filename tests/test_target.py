@@ -80,6 +80,7 @@ def test_hidden_state_index_convention(smollm2):
     torch.testing.assert_close(picked[15], hidden[15])
 
 
+@pytest.mark.slow
 def test_local_directory_round_trip(smollm2, tmp_path):
     """A plain HF model directory loads; the tokenizer comes from the converted SmolLM2 cache the fixture made."""
     make_tiny_llama().save_pretrained(tmp_path)
@@ -269,6 +270,7 @@ def test_a_second_process_waits_for_the_conversion_in_progress(smollm2, tmp_path
     assert sorted(p.name for p in target_dir.parent.iterdir()) == [SMOLLM2, SMOLLM2 + ".lock"]
 
 
+@pytest.mark.slow
 def test_a_conversion_killed_earlier_leaves_no_half_gigabyte_behind(smollm2, tmp_path, monkeypatch):
     """A killed conversion leaves its temporary sibling (0.5 GB for SmolLM2): the next conversion removes it. The
     GGUF reading is replaced by the already-loaded target here (the conversion itself is tested above); the

@@ -20,6 +20,7 @@ QUESTIONS = [
 ]
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     from specheads.heads import MedusaConfig, MedusaHeads
 
@@ -196,6 +197,7 @@ def test_assistant_must_be_a_draft_model(tiny_llama, tmp_path):
         build_methods(settings, tiny_llama, None, [])
 
 
+@pytest.mark.slow
 def test_calibration_names_only_the_questions_it_used(smollm2, tmp_path):
     from specheads.bench.calibration import calibration_prompts
 

@@ -371,6 +371,7 @@ def test_eagle1_heads_the_engines_cannot_reproduce_are_refused(tmp_path):
         EagleDrafter(EagleConfig(version=3, input_norm=False), target)
 
 
+@pytest.mark.slow
 def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
     """``specheads export`` end to end on the real target: the exported EAGLE-3 head loads back with the same
     logits, the serve command names the target's Hub id, and a format an engine lacks is a one-line error."""
