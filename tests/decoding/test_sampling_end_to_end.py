@@ -26,6 +26,8 @@ from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig,
 from tests.decoding.helpers import TinyTokenizer
 from tests.tiny_models import make_tiny_llama
 
+pytestmark = pytest.mark.slow  # minutes on tiny models: in make test, not make test-fast
+
 VOCAB = 8
 NEW_TOKENS = 2
 SAMPLES = 1000

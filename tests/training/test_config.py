@@ -271,6 +271,7 @@ def test_zero_is_valid_where_it_means_none():
     assert (cfg.train.lr, cfg.train.save_every, cfg.data.eval_fraction) == (0, 0, 0)
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_a_rank_other_than_0_logs_no_data_summary_and_no_saved_head_line(tiny_target_dir, small_chat_file, tmp_path):
     """With 2 processes every rank logged the data summary and "saved head to ...", rank 0's copy and rank 1's. Rank 1
     now logs warnings only. One process with RANK=1 is a second rank's view of its logging (the run itself is a

@@ -19,6 +19,8 @@ from specheads.training.loop import train
 from tests.tiny_models import save_tiny_target
 from tests.training.train_helpers import REPO, tiny_overrides
 
+pytestmark = pytest.mark.slow  # minutes on tiny models: in make test, not make test-fast
+
 FAMILIES = {
     "gemma2": dict(
         initializer_range=0.2,

@@ -165,7 +165,7 @@ def test_resume_after_an_upgrade_that_added_a_setting(tiny_target_dir, small_cha
     saved = latest_checkpoint(tmp_path) / "train_config.yaml"
     text = saved.read_text()
     assert "  heads_warmup_steps: 0\n" in text
-    saved.write_text(text.replace("  heads_warmup_steps: 0\n", ""))  # as an older specheads wrote it
+    saved.write_text(text.replace("  heads_warmup_steps: 0\n", ""))  # a saved config without the setting
     with pytest.raises(ValueError, match=r"differ from the run that wrote it \(lora.heads_warmup_steps: 0 -> 5\)"):
         run("lora.heads_warmup_steps=5", resume="auto")
     with pytest.raises(ValueError, match=r"differ from the run that wrote it \(train.batch_size: 2 -> 4\)"):

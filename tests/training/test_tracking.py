@@ -48,6 +48,7 @@ def read_wandb_history(run_file: Path) -> list[dict[str, float]]:
     ]
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_wandb_offline_run_records_the_metrics(tiny_target_dir, small_chat_file, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -70,6 +71,7 @@ def test_wandb_offline_run_records_the_metrics(tiny_target_dir, small_chat_file,
     assert "train/loss" in by_step[1] and "train/lr" in by_step[2]
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_wandb_keeps_wandb_dir_and_wandb_project_from_the_environment(tiny_target_dir, small_chat_file, tmp_path):
     """WANDB_DIR places wandb's files and WANDB_PROJECT names the project (they were overridden by the output folder
     and the built-in project name); an explicit train.project still wins over WANDB_PROJECT. A fresh process, as a
@@ -222,6 +224,7 @@ def test_the_loss_logged_across_a_resume_is_the_uninterrupted_runs(tiny_target_d
     assert sorted(runs["full"]) == [3, 6] and runs["resumed"] == runs["full"]
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_a_sigtermed_run_keeps_its_wandb_metrics_and_resumes_into_the_same_wandb_run(
     tiny_target_dir, small_chat_file, tmp_path
 ):
