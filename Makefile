@@ -1,4 +1,5 @@
-# Two entry points (see README): `make demo` runs the main job, `make test` runs the test suite.
+# Two entry points (see README): `make demo` runs the main job, `make test` runs the test suite (what CI runs);
+# `make test-fast` is the quick loop for every edit.
 # Both create or reuse .venv and install what they need.
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,7 +17,7 @@ STAMP := $(VENV)/.specheads-installed
 # workers do twice the work of one 2-thread process (tests/conftest.py).
 TEST_WORKERS ?= auto
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test test-fast lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +37,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist worksteal tests
+
+# Tiny random models only: no test that loads SmolLM2 (marked slow) and no multi-process launch (distributed).
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(PY) -m pytest -q --durations=10 -n $(TEST_WORKERS) --dist worksteal \
+		-m "not slow and not distributed" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check specheads scripts tests

@@ -23,7 +23,7 @@ from specheads.training.features import cache_features, extract_features
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m-instruct")
-    parser.add_argument("--data", default="../shared/data/distill/smollm2-135m-instruct-greedy-1k.jsonl")
+    parser.add_argument("--data", default="data/smollm2-135m-instruct-greedy-1k.jsonl")
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=4)

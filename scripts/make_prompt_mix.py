@@ -6,7 +6,7 @@ RAG and extraction answers do. This set adds prompts that put a passage in front
 permissively licensed sources (GPT-4-written GPTeacher role-play responses as passages), plus more plain prompts of
 the first set's sources. No prompt of the first set is reused and no Spec-Bench text is used.
 
-    python scripts/make_prompt_mix.py --out runs/prompts-mix-1k.jsonl
+    python scripts/make_prompt_mix.py --prompts-dir PROMPTS_DIR --out runs/prompts-mix-1k.jsonl
     specheads data generate --target smollm2-135m-instruct --prompts runs/prompts-mix-1k.jsonl \
         --out data/smollm2-135m-instruct-greedy-mix-1k.jsonl --max-new-tokens 200 --batch-size 32
 """
@@ -19,7 +19,6 @@ import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data" / "train_prompts"
 FIRST_SET = ROOT / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
 PROMPTS_FILE, ROLEPLAY_FILE = "prompts.jsonl", "gpteacher_roleplay-simple-deduped-roleplay-instruct.json"
 
@@ -45,9 +44,8 @@ def main() -> None:
     parser.add_argument(
         "--prompts-dir",
         type=Path,
-        default=SHARED,
-        help="the training-prompt folder (prompts.jsonl and GPTeacher's role-play JSON; default: ../shared/data/"
-        "train_prompts next to the repository, as on the project's machines)",
+        required=True,
+        help="the training-prompt folder: the merged prompts.jsonl and GPTeacher's role-play JSON (data/README.md)",
     )
     args = parser.parse_args()
     sources = [args.prompts_dir / name for name in (PROMPTS_FILE, ROLEPLAY_FILE)]
@@ -55,9 +53,8 @@ def main() -> None:
     if missing:
         parser.exit(
             2,
-            f"make_prompt_mix.py: {', '.join(missing)} not found: this script reads the project's training prompts "
-            "(shared/data/train_prompts, see data/README.md); pass --prompts-dir DIR with "
-            f"{PROMPTS_FILE} and {ROLEPLAY_FILE}\n",
+            f"make_prompt_mix.py: {', '.join(missing)} not found: this script reads the training prompts that "
+            f"data/README.md describes; pass --prompts-dir DIR with {PROMPTS_FILE} and {ROLEPLAY_FILE}\n",
         )
     rng = random.Random(args.seed)
     used = {json.loads(line)["id"] for line in FIRST_SET.open()}

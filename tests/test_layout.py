@@ -1,8 +1,10 @@
 """The architecture's arrows, checked on the source: training and decoding use heads; heads uses neither;
-decoding never imports training. Also: every `specheads` subcommand is real and answers --help."""
+decoding never imports training; no module imports itself back through others, lazily or not. Also: every
+`specheads` subcommand is real and answers --help."""
 
 import ast
 import importlib
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,86 @@ def test_import_arrows_point_one_way(part):
         if name.startswith(FORBIDDEN[part])
     ]
     assert not offending, offending
+
+
+def _module_name(path: Path, package: Path) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports anywhere in its source (function bodies and TYPE_CHECKING blocks
+    included): ``from a import b`` is module ``a.b`` when that is a module, else ``a``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: climb from the importing module's package
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                found.update([full] if full in modules else [base] if base in modules else [])
+    return found - {name}
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports."""
+    paths = {_module_name(path, package): path for path in sorted(package.rglob("*.py"))}
+    return {name: _imported_modules(name, path, set(paths)) for name, path in paths.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle per module that lies on one, each named once (as ``a -> b -> a``)."""
+    cycles, seen = [], set()
+    for start in sorted(graph):
+        came_from: dict[str, str] = {}
+        queue = deque([start])
+        while queue and start not in came_from:
+            node = queue.popleft()
+            for child in sorted(graph[node]):
+                if child not in came_from:
+                    came_from[child] = node
+                    queue.append(child)
+        if start not in came_from:
+            continue
+        path = [start]
+        while len(path) == 1 or path[-1] != start:
+            path.append(came_from[path[-1]])
+        cycle = path[::-1]
+        if frozenset(cycle) not in seen:
+            seen.add(frozenset(cycle))
+            cycles.append(cycle)
+    return cycles
+
+
+def test_import_cycle_finder_names_a_cycle_and_passes_a_tree():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+    assert import_cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_import_graph_sees_lazy_relative_and_type_checking_imports(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from .one import x\n")
+    (package / "sub" / "one.py").write_text("def f():\n    from pkg.two import y\n")
+    (package / "two.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .sub import one\n")
+    graph = import_graph(package)
+    assert graph == {"pkg": set(), "pkg.sub": {"pkg.sub.one"}, "pkg.sub.one": {"pkg.two"}, "pkg.two": {"pkg.sub.one"}}
+    assert import_cycles(graph) == [["pkg.sub.one", "pkg.two", "pkg.sub.one"]]
+
+
+def test_no_import_cycles():
+    """A cycle held open by a lazy import still ties its modules together: neither can be read or moved alone."""
+    graph = import_graph()
+    assert len(graph) > 20 and graph["specheads.bench.cli"], "the import graph is empty: the finder is broken"
+    cycles = [" -> ".join(cycle) for cycle in import_cycles(graph)]
+    assert not cycles, "import cycles (move what both sides need into a module of its own): " + "; ".join(cycles)
 
 
 @pytest.mark.parametrize("command", sorted(SUBCOMMANDS))

@@ -1,8 +1,8 @@
 """The project as a user gets it: an sdist and a wheel built from the repository, the wheel imported outside it.
 
 The tests elsewhere import the editable install, which can read any file of the checkout; a wheel has only what
-``pyproject.toml`` ships. Medusa's named trees once lived in ``configs/trees/``, outside the package, and every Medusa
-drafter failed from a wheel while every test passed. The build runs offline, as ``python -m build`` does: the sdist
+``pyproject.toml`` ships: a file the package reads from outside itself (Medusa's named trees, say) passes every
+other test and fails from a wheel. The build runs offline, as ``python -m build`` does: the sdist
 from the files git would ship, then the wheel from the unpacked sdist.
 """
 
@@ -33,11 +33,11 @@ DRAFTERS_FROM_THE_WHEEL = """
 import json, sys
 from pathlib import Path
 
-site, tests = sys.argv[1:]
+site, repo = sys.argv[1:]
 import specheads
 assert Path(specheads.__file__).resolve().is_relative_to(Path(site).resolve()), specheads.__file__
-sys.path.append(tests)  # after the wheel: tiny_models only
-from tiny_models import make_tiny_llama
+sys.path.append(repo)  # after the wheel: the tests' helpers only
+from tests.tiny_models import make_tiny_llama
 from specheads.decoding import build_drafter
 from specheads.decoding.factory import shipped_tree_names
 from specheads.heads import MedusaConfig, MedusaHeads
@@ -122,7 +122,7 @@ def test_medusa_drafters_build_from_the_installed_wheel(dists, tmp_path, tiny_ll
     with zipfile.ZipFile(dists["wheel"]) as wheel:
         wheel.extractall(site)
     env = {**os.environ, "PYTHONPATH": str(site)}
-    command = [sys.executable, "-c", DRAFTERS_FROM_THE_WHEEL, str(site), str(REPO / "tests")]
+    command = [sys.executable, "-c", DRAFTERS_FROM_THE_WHEEL, str(site), str(REPO)]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     heads = MedusaHeads(MedusaConfig(num_heads=4), tiny_llama)

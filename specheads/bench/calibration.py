@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from specheads.bench.questions import Question
-
-if TYPE_CHECKING:
-    from specheads.bench.cli import BenchSettings
+from specheads.bench.settings import BenchSettings
 
 DEFAULT_CALIBRATION_DATA = Path(__file__).resolve().parents[2] / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
 """The chats ``--tree auto`` calibrates on when too few questions are left unmeasured. It is in the repository's
@@ -67,7 +64,7 @@ def calibration_prompts(
 ) -> tuple[list[torch.Tensor], str, list[int]]:
     """Prompts for ``--tree auto``: Spec-Bench questions that are not measured (``held_out``), else the first user
     turns of the chats in ``data`` (by default the committed self-distilled data). The heads were trained on that
-    data, so it overstates their acceptance (EAGLE-3: expected tau 1.43 there, 1.29 measured on Spec-Bench); held-out
+    data, so it overstates their acceptance (docs/results.md); held-out
     questions from the benchmark's own distribution do not. Returns the prompts, where they came from, and the ids of
     the questions used (none for the data)."""
     used = held_out[:count]

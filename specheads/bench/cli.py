@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from specheads.bench.questions import (
 )
 from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_available, write_report
 from specheads.bench.runner import mark_near_ties, run_benchmark
+from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
 from specheads.decoding.cli import resolve_head_argument
 from specheads.decoding.cost_curve import CostCurve, load_or_measure_cost_curve
 from specheads.decoding.cpu_kernels import faster_row_counts
@@ -48,40 +49,6 @@ from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
 from specheads.target import TargetLoadError, cache_root, resolve_device_dtype
 
-BUILTIN_METHODS = ("hf-prompt-lookup", "hf-assisted", "specheads-lookup", "specheads-plain")
-"""Comparison methods besides the baseline (plain ``generate``, always run first) and the given heads.
-``specheads-plain`` is specheads' loop with no drafter (every tree is the root alone): the gap between it and
-``generate`` is loop overhead, not drafting, so a head's speedup over it is what its drafts alone buy."""
-
-
-@dataclass
-class BenchSettings:
-    target: str = "smollm2-135m-instruct"
-    questions: str | None = None  # None: ../shared/data/spec_bench/question.jsonl
-    per_category: int = 3
-    repeats: int = 1  # runs of each (prompt, method), interleaved; the median time is reported
-    categories: list[str] = field(default_factory=list)  # empty: all
-    max_new_tokens: int = 96
-    temperature: float = 0.0
-    seed: int = 0
-    heads: list[str] = field(default_factory=list)
-    trees: list[str] = field(default_factory=lambda: ["auto"])  # one for all heads, or one per head
-    methods: list[str] = field(default_factory=lambda: list(BUILTIN_METHODS))
-    assistant: str | None = None  # None: the target's first ``assistant_layers`` layers
-    assistant_layers: int = 6
-    prompt_lookup_tokens: int = 10
-    device: str = "auto"
-    dtype: str = "auto"
-    out: str = "runs/bench"
-    calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
-    calibration_data: str | None = None  # chats for --tree auto when too few questions are held out (default: data/)
-    recalibrate: bool = False  # --tree auto: time the target again instead of reading the cached cost curve
-    backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
-    lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
-    lookup_solo: int | str | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches of
-    # N tokens or more; "auto": N priced by the cost model on the auto tree's calibration
-    progress: bool = True
-
 
 def build_parser() -> argparse.ArgumentParser:
     d = BenchSettings()
@@ -96,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:
     p = parser.add_argument_group("what is measured")
     p.add_argument("--target", default=d.target, help="target model (built-in name, directory, .gguf, Hub id)")
-    p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: ../shared/data/spec_bench)")
+    p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: data/spec_bench/)")
     p.add_argument("--per-category", type=int, default=d.per_category, help="questions per category")
     p.add_argument(
         "--repeats",

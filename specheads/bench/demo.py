@@ -15,9 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from specheads.bench.cli import BenchSettings, run_bench, warn_mismatches
+from specheads.bench.cli import run_bench, warn_mismatches
 from specheads.bench.questions import find_default_questions
 from specheads.bench.report import OVERALL
+from specheads.bench.settings import BenchSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
@@ -71,7 +72,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make demo", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--questions",
-        help="Spec-Bench question file (default: ../shared/data/spec_bench/question.jsonl next to the repository)",
+        help="Spec-Bench question file (default: the repository's data/spec_bench/question.jsonl)",
     )
     args = parser.parse_args(argv)
     missing = [path for path in (DATA, CONFIG) if not path.is_file()]

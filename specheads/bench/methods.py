@@ -132,8 +132,8 @@ def hf_method(
     ``cpu_small_batch_linear``: run the target and the assistant under the CPU kernel choice specheads' methods
     verify with (``specheads.decoding.cpu_kernels``: measured per machine; no effect on GPU or in bf16), so that a
     comparison with them measures the drafting, not the matrix kernel. On a CPU whose BLAS is slow for a few rows
-    (the AMD EPYC of docs/results.md: 2 rows cost 1.7x one), transformers' multi-token forwards would otherwise pay
-    what specheads' do not. Plain ``generate`` forwards one row per step and is not affected past its prefill."""
+    (docs/results.md), transformers' multi-token forwards would otherwise pay what specheads' do not. Plain
+    ``generate`` forwards one row per step and is not affected past its prefill."""
 
     def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
         config = generation_config_for(target, max_new_tokens, temperature)

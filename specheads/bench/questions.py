@@ -17,8 +17,8 @@ MT_BENCH_IDS = range(81, 161)
 
 MT_BENCH = "mt_bench"
 
-DEFAULT_QUESTIONS = Path("..") / "shared" / "data" / "spec_bench" / "question.jsonl"
-"""Where the question file lives relative to the repository root on the project's machines."""
+DEFAULT_QUESTIONS = Path("data") / "spec_bench" / "question.jsonl"
+"""Spec-Bench's question file as the repository ships it, relative to the repository root (data/README.md)."""
 
 
 @dataclass(frozen=True)
@@ -127,14 +127,13 @@ def checkout_root() -> Path | None:
 
 
 def find_default_questions(repo_root: Path | None = None) -> Path:
-    """``../shared/data/spec_bench/question.jsonl`` next to the repository (or the current directory)."""
+    """The repository's ``data/spec_bench/question.jsonl``, looked up from a checkout or the current directory."""
     roots = list(dict.fromkeys(root for root in (repo_root, Path.cwd(), checkout_root()) if root is not None))
     for root in roots:
         candidate = (root / DEFAULT_QUESTIONS).resolve()
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(
-        f"no Spec-Bench question file at {DEFAULT_QUESTIONS} relative to {[str(r) for r in roots]} (the project's "
-        "machines keep it next to a checkout of the repository; it is not part of the package); pass --questions "
-        "PATH to Spec-Bench's question.jsonl (https://github.com/hemingkx/Spec-Bench)"
+        f"no Spec-Bench question file at {DEFAULT_QUESTIONS} relative to {[str(r) for r in roots]} (a checkout ships "
+        "it; a wheel does not); run from a checkout or pass --questions PATH to Spec-Bench's question.jsonl"
     )

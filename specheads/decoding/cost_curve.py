@@ -1,7 +1,7 @@
 """What a target forward over n new tokens costs on this device: measured once per (device, architecture, dtype)
 and cached, since the best draft tree depends on it (``cost_model.choose_tree``).
 
-Verifying n tree nodes costs ~3.5x one decode step at n = 64 on a 2-core CPU but ~1x on a GPU (shared NOTES).
+Verifying many tree nodes costs several decode steps on a small CPU but about one on a GPU (docs/results.md).
 """
 
 from __future__ import annotations

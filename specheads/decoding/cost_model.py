@@ -1,6 +1,6 @@
 """Pick a draft tree from what it costs on this device and what the drafter gets accepted (the ``auto`` tree).
 
-Verifying n tree nodes costs ~3.5x one decode step at n = 64 on a 2-core CPU but ~1x on a GPU (shared NOTES), so the
+Verifying many tree nodes costs several decode steps on a small CPU but about one on a GPU (docs/results.md), so the
 best tree is a property of the hardware as much as of the head. We measure the target's forward cost for a few
 sizes once per (device, model, dtype), measure the drafter's acceptance per (depth, rank) on a short calibration,
 and pick the tree maximising expected tokens per second:

@@ -1,14 +1,12 @@
 """A faster matrix product for the few-token forwards of speculative decoding on CPU.
 
 Verification feeds the target a handful of tokens at once (a tree of 2-64 nodes). On CPU, ``F.linear(x, W)`` with
-2-64 rows goes through a GEMM path that costs about twice a one-row forward (MKL, fp32; measured on the 2-core
-machine of docs/results.md: 100 matrices 1536x576, 1 row 28 ms, 2 rows 52 ms, 8 rows 58 ms), which erases most of
-what accepting several tokens per forward gains. The same product written as ``(W @ x.T).T`` takes another kernel
-that stays close to the one-row cost for a few rows (22 ms, 46 ms).
+2-64 rows can go through a GEMM path that costs about twice a one-row forward (MKL, fp32; docs/results.md), which
+erases most of what accepting several tokens per forward gains. The same product written as ``(W @ x.T).T`` takes
+another kernel that stays close to the one-row cost for a few rows.
 
-Which kernel is faster depends on the CPU and its BLAS build, so it is measured, not assumed: on a 2-core Intel Xeon
-(AVX-512, 2026-12-01) the same swap made a 2-token verification 1.8x slower (SmolLM2, 2 threads: stock 37.6 ms, swapped
-67.6 ms; `scripts/profile_verify.py`). ``faster_row_counts`` times both formulations on the model's own weights, once
+Which kernel is faster depends on the CPU and its BLAS build (on some CPUs the swap is slower), so it is measured, not
+assumed: ``faster_row_counts`` times both formulations on the model's own weights, once
 per process for each set of layer shapes and thread count, and only the row counts where the swap wins use it.
 
 ``small_batch_linear(model)`` swaps that formulation into every ``nn.Linear`` of a model for the duration of a
@@ -32,8 +30,8 @@ from torch import nn
 
 MAX_ROWS = 64
 PADDED_ROWS = {3: 4}
-"""Row counts computed as a larger product: MKL's kernel for 3 columns is slower than for 4 on this machine (over
-60 distinct 1536x576 matrices, 2 threads: 2 rows 16.9 ms, 3 rows 24.2 ms, 4 rows 18.1 ms), so a zero row is added."""
+"""Row counts computed as a larger product: MKL's kernel for 3 columns can be slower than for 4 (docs/results.md),
+so a zero row is added."""
 
 
 ROW_BUCKETS = (2, 4, 8, 16, 32)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 SHIPPED_TREES = resources.files("specheads.decoding") / "trees"
 """The named Medusa trees (``--tree small10``): package data, so an installed wheel has them too."""
-DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying 64 nodes costs ~3.5x one decode step; cut to
+DEFAULT_MEDUSA_TREE = "small10"  # a small tree: on a CPU, verifying many nodes costs several decode steps; cut to
 # the head count when a head set has fewer heads than its depth
 DEFAULT_DRAFT_LENGTH = 4
 

@@ -3,8 +3,8 @@
 After verification the cache holds ``prefix + n`` entries: the committed prefix, then every tree node in node
 order. The accepted path is a subset of the nodes; transformers has no API to keep a non-contiguous subset along
 the sequence axis, so we copy the path's entries into the contiguous slots right after the prefix and drop the
-tail (``cache.layers[i].keys/.values`` are plain tensors ``(B, kv_heads, seq, head_dim)``; see shared NOTES:
-~2 ms, equal to a sequential run, where re-feeding the path would cost a whole forward).
+tail (``cache.layers[i].keys/.values`` are plain tensors ``(B, kv_heads, seq, head_dim)``; a copy is far cheaper
+than re-feeding the path, which would cost a whole forward).
 
 Sliding-window layers hold only the keys their next forward can see: the last W-1 committed positions (a node at
 position p sees q only if p - q < W), so their memory stays bounded however long the sequence grows. Their slots

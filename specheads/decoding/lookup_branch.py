@@ -56,7 +56,7 @@ class LookupBranchDrafter:
     ) -> None:
         """``narrow``: on steps where the lookup proposes, keep only the head's first-choice path (the first child
         at every level) next to it, so the combined tree stays small where verification cost grows with size
-        (on 12 held-out Spec-Bench questions, 2-core CPU: EAGLE-3 + branch 1.15x wide, 1.19x narrow).
+        (docs/results.md).
         ``solo_ngram``: on steps where the lookup matched an n-gram at least this long, propose its chain alone and
         skip the head (its drafting, and for EAGLE its re-feed, which waits for the next step that drafts)."""
         if solo_ngram is not None and not min_ngram <= solo_ngram <= max_ngram:

@@ -70,8 +70,8 @@ class TargetRecord:
 
     def weight_distance(self, other: TargetRecord) -> float | None:
         """How far the two targets' weight probes are apart: the largest relative L2 distance over the probed
-        tensors (one changed tensor counts in full). None when either record has no probe (written before probes
-        existed, or the weights could not be read) or the probes were taken differently."""
+        tensors (one changed tensor counts in full). None when either record has no probe (a record without the
+        field, or weights that could not be read) or the probes were taken differently."""
         if not self.weight_probe or len(self.weight_probe) != len(other.weight_probe):
             return None
         mine = torch.tensor(self.weight_probe).view(-1, PROBE_ENTRIES)
@@ -83,7 +83,7 @@ class TargetRecord:
 
         The weight probes decide when both records have one: a renamed copy (or a built-in target loaded from its
         cache folder by path) passes, the same name over other weights (a fine-tune, the base model) does not.
-        Records made before probes existed fall back to comparing names."""
+        Records without a probe fall back to comparing names."""
         distance = self.weight_distance(actual)
         if distance is not None:
             if distance <= PROBE_TOLERANCE:

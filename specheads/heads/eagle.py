@@ -72,7 +72,7 @@ class EagleConfig(HeadConfig):
     dense layer on an MoE target, and exports to vLLM and SGLang whatever the family. The same layer on Llama
     targets. ``auto`` (the default): ``target`` for a dense target whose layer the drafter wires, ``llama`` for any
     other (an MoE target, whose own layer would copy every expert; a layer ``target`` refuses). The choice is written
-    back here, so a saved head records ``target`` or ``llama``; a head saved before this field existed loads as
+    back here, so a saved head records ``target`` or ``llama``; a config.json without the field loads as
     ``target``."""
     llama_layer: dict[str, Any] = field(default_factory=dict)
     """``draft_layer=llama`` only: the layer's ``LlamaConfig`` settings (``LLAMA_LAYER_SETTINGS``), read from the

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from specheads.training.config_messages import reworded, yaml_problem
 from specheads.training.config_secrets import env_references, secret_env_read, secret_value, with_references
 from specheads.training.data import DataConfig
+from specheads.training.tracker_packages import missing_tracker_package
 
 FEATURE_MODES = ("online", "offline")
 LABEL_KINDS = ("hard", "soft")
@@ -153,7 +154,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     """Defaults <- YAML file <- dotted overrides (``key.sub=value``), validated strictly; interpolations resolved.
 
     The file and each override are merged in turn, so an error names its real source (the file, with line and column
-    for YAML syntax, or the one override). Data paths may use ``${oc.env:SPECHEADS_DATA,../shared/data}`` so configs
+    for YAML syntax, or the one override). Data paths may use ``${oc.env:SPECHEADS_DATA,data}`` so configs
     do not hard-code a machine's layout.
     """
     merged: DictConfig = OmegaConf.structured(TrainConfig)
@@ -243,9 +244,8 @@ def validate(cfg: TrainConfig) -> None:
     cfg.target.dtype = TARGET_DTYPES[cfg.target.dtype]
     _normalise_resume(cfg.train)
     _check_choice("train.log_with", cfg.train.log_with, TRACKERS)
-    from specheads.training.tracking import require_tracker_package
-
-    require_tracker_package(cfg.train.log_with)  # here, not after the target loaded: accelerate would only warn
+    if problem := missing_tracker_package(cfg.train.log_with):  # here, not after the target loaded: accelerate warns
+        raise ConfigError(problem)
     try:
         fix = "fix head.options in the training config (the YAML file or a head.options.KEY=VALUE override)"
         HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options), fix=fix)

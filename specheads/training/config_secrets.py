@@ -32,7 +32,7 @@ def looks_secret(name: str) -> str | None:
 
 def secret_env_read(unresolved: dict[str, Any], source_of: SourceOf) -> str | None:
     """``${oc.env:NAME}`` with a secret-looking NAME (or one computed by another interpolation, which cannot be
-    checked) is a problem; ordinary variables (``${oc.env:SPECHEADS_DATA,../shared/data}``) are not."""
+    checked) is a problem; ordinary variables (``${oc.env:SPECHEADS_DATA,data}``) are not."""
     for key, text in _strings(unresolved):
         for match in _ENV_READ.finditer(text):
             name = match["name"]

@@ -8,7 +8,6 @@ unless ``train.project`` is given (the schema's default reads it).
 
 from __future__ import annotations
 
-import importlib.util
 import netrc
 import os
 import uuid
@@ -16,27 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from specheads.training.config import ConfigError, TrainConfig
-
-TRACKER_PACKAGES = {"wandb": ("wandb",), "tensorboard": ("tensorboard", "tensorboardX")}
-"""The packages each tracker runs on (either one for tensorboard, as Accelerate accepts), installed by the specheads
-extra of the tracker's name. Accelerate only warns when none is installed, and the run then trains untracked."""
+from specheads.training.tracker_packages import missing_tracker_package
 
 
 def require_tracker_package(kind: str) -> None:
     """Fail before anything loads when ``train.log_with`` names a tracker whose package is not installed."""
-    packages = TRACKER_PACKAGES.get(kind, ())
-    if packages and not any(_installed(package) for package in packages):
-        raise ConfigError(
-            f"train.log_with={kind} needs the {packages[0]} package, which is not installed: "
-            f"pip install 'specheads[{kind}]' (or train.log_with=none to train without tracking)."
-        )
-
-
-def _installed(package: str) -> bool:
-    """A module or regular package, not a namespace package: a folder named ``wandb`` in the working directory (where
-    wandb writes its runs by default) is found by ``find_spec`` too, with no origin."""
-    spec = importlib.util.find_spec(package)
-    return spec is not None and spec.origin is not None
+    if problem := missing_tracker_package(kind):
+        raise ConfigError(problem)
 
 
 def wandb_key_configured() -> bool:

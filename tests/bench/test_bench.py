@@ -20,6 +20,7 @@ QUESTIONS = [
 ]
 
 
+@pytest.mark.slow
 def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     from specheads.heads import MedusaConfig, MedusaHeads
 
@@ -196,6 +197,7 @@ def test_assistant_must_be_a_draft_model(tiny_llama, tmp_path):
         build_methods(settings, tiny_llama, None, [])
 
 
+@pytest.mark.slow
 def test_calibration_names_only_the_questions_it_used(smollm2, tmp_path):
     from specheads.bench.calibration import calibration_prompts
 
@@ -418,9 +420,8 @@ def test_16bit_mismatches_at_an_exact_tie_are_near_ties_and_others_stay_mismatch
     flip a tie. A tiny bf16 target whose lm_head has two equal rows ties them exactly: an output taking the twin is a
     near-tie (reported, not a failure); one taking a token the target rated far lower stays a mismatch; in fp32
     every difference is a mismatch."""
-    from tiny_models import make_tiny_llama
-
     from specheads.bench.runner import mark_near_ties
+    from tests.tiny_models import make_tiny_llama
 
     model = make_tiny_llama().to(torch.bfloat16)
     prompt = torch.tensor([[5, 17, 3, 99, 42]])

@@ -19,7 +19,7 @@ from specheads.decoding.cost_model import (
 from specheads.decoding.draft import DraftTree
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
-# CPU-like: 64 nodes cost ~3.5x one step (shared NOTES); GPU-like: flat until far past 64.
+# CPU-like: 64 nodes cost several times one step; GPU-like: flat until far past 64.
 CPU = CostCurve(SIZES, [0.051, 0.07, 0.087, 0.097, 0.114, 0.138, 0.177])
 GPU = CostCurve(SIZES, [0.020, 0.020, 0.020, 0.0201, 0.0202, 0.0205, 0.021])
 # For auto trees calibrated here: the tiny drafters' measured cost is milliseconds, but tens of them on a loaded
@@ -241,9 +241,8 @@ class CharTokenizer(WordTokenizer):
 def test_cost_curve_is_keyed_by_the_architecture_not_the_folder_name(tmp_path):
     """Two folders with the same architecture share a curve; a folder overwritten with a bigger model (same name)
     is measured again instead of reusing the smaller one's timings."""
-    from tiny_models import make_tiny_llama
-
     from specheads.decoding.cost_curve import load_or_measure_cost_curve
+    from tests.tiny_models import make_tiny_llama
 
     small, copy, bigger = make_tiny_llama(), make_tiny_llama(seed=1), make_tiny_llama(num_layers=4)
     small.config.name_or_path, copy.config.name_or_path = str(tmp_path / "a" / "model"), str(tmp_path / "b" / "model")
@@ -260,10 +259,9 @@ def test_auto_tree_cache_entry_changes_when_the_target_folder_is_overwritten(tmp
     with other weights (same name, same architecture) gets a new entry; the same files keep theirs."""
     import os
 
-    from tiny_models import make_tiny_llama
-
     from specheads.decoding.drafters import auto_tree_cache_path
     from specheads.heads import DraftModel
+    from tests.tiny_models import make_tiny_llama
 
     target_dir, head_dir = tmp_path / "target", tmp_path / "head"
     target = make_tiny_llama()
@@ -459,10 +457,9 @@ def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, mon
 
 def test_auto_tree_of_a_hub_head_is_keyed_by_its_snapshot(tiny_llama, tmp_path, monkeypatch):
     """A head given as a Hub id is fingerprinted from its downloaded files, not from a folder that does not exist."""
-    from tiny_models import in_local_hub_cache
-
     from specheads.decoding.drafters import head_fingerprint
     from specheads.heads import MedusaConfig, MedusaHeads
+    from tests.tiny_models import in_local_hub_cache
 
     torch.manual_seed(0)
     MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "a")

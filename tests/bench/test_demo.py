@@ -35,8 +35,8 @@ def test_demo_checks_the_question_file_before_ten_minutes_of_training(tmp_path, 
     import specheads.target
 
     monkeypatch.setattr(specheads.target, "load_target", lambda *a, **k: pytest.fail("the demo started"))
-    # a clone with no ../shared next to it: the file is looked for where none is
-    monkeypatch.setattr(specheads.bench.questions, "DEFAULT_QUESTIONS", tmp_path / "no-shared" / "question.jsonl")
+    # a question file missing from where it is looked for
+    monkeypatch.setattr(specheads.bench.questions, "DEFAULT_QUESTIONS", tmp_path / "missing" / "question.jsonl")
     assert demo.demo_main([]) == 2
     assert "no Spec-Bench question file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -116,13 +117,11 @@ def test_calibration_questions_are_never_measured_and_cover_the_measured_categor
         load_questions(bad)
 
 
-def test_shared_spec_bench_file_has_six_categories():
+def test_shipped_spec_bench_file_is_the_default_and_has_six_categories():
     from specheads.bench.questions import find_default_questions
 
-    try:
-        path = find_default_questions()
-    except FileNotFoundError:
-        pytest.skip("Spec-Bench question file not available on this machine")
+    path = find_default_questions()
+    assert path == (Path(__file__).resolve().parents[2] / "data" / "spec_bench" / "question.jsonl")
     questions = load_questions(path)
     counts = {c: sum(q.category == c for q in questions) for c in {q.category for q in questions}}
     assert counts == {c: 80 for c in (MT_BENCH, "translation", "summarization", "qa", "math_reasoning", "rag")}

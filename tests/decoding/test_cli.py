@@ -140,7 +140,7 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
         ([*common, "--recalibrate"], "--recalibrate re-measures the auto tree: it needs --tree auto"),
         ([*common, "--lookup-branch", "4", "--lookup-solo", "auto"], "--lookup-solo auto is priced on the auto tree"),
         ([*common, "--lookup-branch", "4", "--lookup-solo", "two"], "expected an n-gram length (2 or 3) or 'auto'"),
-        # refused as it is parsed: with --tree auto it used to end in a traceback after the calibration
+        # refused as it is parsed, not after --tree auto's calibration
         ([*common, "--tree", "auto", "--lookup-branch", "4", "--lookup-solo", "5"], "2 to 3, or 'auto'; got 5"),
     ]:
         with pytest.raises(SystemExit):

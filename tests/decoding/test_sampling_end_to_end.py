@@ -23,8 +23,10 @@ from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.model_draft import DraftModelDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
-from tests.conftest import make_tiny_llama
 from tests.decoding.helpers import TinyTokenizer
+from tests.tiny_models import make_tiny_llama
+
+pytestmark = pytest.mark.slow  # minutes on tiny models: in make test, not make test-fast
 
 VOCAB = 8
 NEW_TOKENS = 2

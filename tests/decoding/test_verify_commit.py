@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -80,6 +81,7 @@ def test_commit_root_only_and_select_rows(tiny_llama):
     assert rows[0].shape == (1, 2, 64) and all(h is None for h in rows[1:])
 
 
+@pytest.mark.slow
 @torch.inference_mode()
 def test_verify_on_smollm2_matches_sequential(smollm2):
     """The real target (30 layers, GQA) on a short chat prompt: every node of a small tree matches its path."""

@@ -190,7 +190,7 @@ def test_the_default_draft_layer_is_the_targets_own_when_dense_and_wired_and_a_l
     """``draft_layer="auto"`` (the default): the target's own layer where it is dense and the drafter wires it (the
     heads trained on SmolLM2 are unchanged), a dense Llama layer for an MoE target (no copy of every expert, and an
     export the engines load) and for a family whose own layer is refused (GPT-2, Falcon, Cohere, ...). The choice is
-    saved, and a head saved before the field existed loads with the target's own layer."""
+    saved, and a config.json without the field loads with the target's own layer."""
     target = tiny(name)
     built = []  # every expert module whose parameters were really allocated
     experts = [type(m) for n, m in target.named_modules() if n.endswith(".experts")]
@@ -208,7 +208,7 @@ def test_the_default_draft_layer_is_the_targets_own_when_dense_and_wired_and_a_l
     config_path = tmp_path / "head" / "config.json"
     meta = json.loads(config_path.read_text())
     assert meta["config"]["draft_layer"] == "target"
-    del meta["config"]["draft_layer"]  # as written before the field existed
+    del meta["config"]["draft_layer"]  # a config.json without the field
     config_path.write_text(json.dumps(meta))
     assert load_head(tmp_path / "head", target).config.draft_layer == "target"
 
@@ -223,7 +223,7 @@ def _recording_init(init, built):
 
 
 def test_an_moe_target_whose_saved_head_has_no_draft_layer_loads_its_moe_layer(tmp_path):
-    """A Qwen3-MoE head saved before ``draft_layer`` existed copied the MoE layer: it loads as such, strictly."""
+    """A Qwen3-MoE head saved without ``draft_layer`` holds a copy of the MoE layer: it loads as such, strictly."""
     target = tiny("qwen3_moe")
     head = EagleDrafter(EagleConfig(version=3, draft_layer="target"), target)
     assert any(n.endswith("experts") for n, _ in head.named_modules())

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from tiny_models import ARCHITECTURES, tiny_named
 
 from specheads.heads import EagleConfig, EagleDrafter, build_vocab_maps, default_eagle3_layer_ids
 from specheads.heads.borrowed import borrow
 from specheads.heads.config import HeadConfigError
+from tests.tiny_models import ARCHITECTURES, tiny_named
 
 
 def _inputs(target, length=7, batch=2, seed=0):

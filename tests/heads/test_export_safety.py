@@ -2,10 +2,10 @@
 author chose: a target with pickled weights only is refused there too, before anything is unpickled."""
 
 import torch
-from tiny_models import make_tiny_llama
 
 from specheads.heads import MedusaConfig, MedusaHeads
 from specheads.heads.export_cli import export_main
+from tests.tiny_models import make_tiny_llama
 
 
 def test_export_refuses_a_target_with_pickled_weights_named_by_the_head(tmp_path, capsys, monkeypatch):

@@ -11,7 +11,6 @@ import json
 import pytest
 import safetensors.torch
 import torch
-from tiny_models import ARCHITECTURES, EAGLE_REFUSED, make_tiny_llama, tiny_named
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
@@ -29,6 +28,7 @@ from specheads.heads import (
 from specheads.heads.borrowed import LogitTransform, logit_transform
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.interop import ExportError, export_head, load_eagle3_checkpoint
+from tests.tiny_models import ARCHITECTURES, EAGLE_REFUSED, make_tiny_llama, tiny_named
 
 
 def _randomise(module: nn.Module, seed: int = 1) -> None:
@@ -371,6 +371,7 @@ def test_eagle1_heads_the_engines_cannot_reproduce_are_refused(tmp_path):
         EagleDrafter(EagleConfig(version=3, input_norm=False), target)
 
 
+@pytest.mark.slow
 def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
     """``specheads export`` end to end on the real target: the exported EAGLE-3 head loads back with the same
     logits, the serve command names the target's Hub id, and a format an engine lacks is a one-line error."""

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from tiny_models import make_tiny_llama
 
 from specheads.heads import MedusaConfig, MedusaHeads
+from tests.tiny_models import make_tiny_llama
 
 # The offset convention (head k at t predicts t + k + 1) is checked where it has effects: heads fitted to zero
 # medusa_loss draft the target's continuation in full (tests/decoding/test_drafter_fidelity.py).

@@ -6,7 +6,6 @@ import os
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import in_local_hub_cache, make_tiny_llama
 
 from specheads.heads import (
     DraftModel,
@@ -19,6 +18,7 @@ from specheads.heads import (
     build_vocab_maps,
     load_head,
 )
+from tests.tiny_models import in_local_hub_cache, make_tiny_llama
 
 
 def _perturb(head):
@@ -208,7 +208,7 @@ def test_same_weights_load_silently_under_another_name_or_dtype(saved_medusa):
 
 
 def test_a_record_without_a_weight_probe_compares_names(saved_medusa):
-    """Heads saved before weight probes existed: the name decides, as it did then."""
+    """A target record without a weight probe: the target's name decides."""
     _edit_config(saved_medusa, lambda m: m["config"]["target"].pop("weight_probe"))
     renamed = make_tiny_llama()
     renamed.config.name_or_path = "another-tiny-llama"

@@ -11,8 +11,9 @@ import itertools
 from pathlib import Path
 
 import pytest
-from tiny_models import save_tiny_target
-from train_helpers import REPO
+
+from tests.tiny_models import save_tiny_target
+from tests.training.train_helpers import REPO
 
 DISTILL = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"  # committed self-distilled set (data/README.md)
 

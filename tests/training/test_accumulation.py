@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 import safetensors.torch
 import torch
-from train_helpers import GRADIENT_AS_UPDATE, REPO, tiny_overrides
 
 from specheads.training.accumulation import accumulation_rounds, loss_tokens
 from specheads.training.config import load_config
 from specheads.training.loop import train
 from specheads.training.metrics import Throughput
+from tests.training.train_helpers import GRADIENT_AS_UPDATE, REPO, tiny_overrides
 
 EAGLE1 = REPO / "configs" / "eagle1" / "smollm2-135m.yaml"
 COUNT = Throughput.count  # the loop hands it every training micro-batch
@@ -70,7 +70,7 @@ def test_a_step_is_the_mean_over_its_tokens_however_it_is_split(
         tiny_target_dir, small_chat_file, tmp_path / "means", 1, 4, monkeypatch, ("train.weight_by_tokens=false",)
     )
     gap = max(((means[k] - whole[k]).abs().max() / (whole[k] - start[k]).abs().max()).item() for k in whole)
-    assert gap > 0.05, gap  # 0.12 on 2026-12-01
+    assert gap > 0.05, gap  # well clear of float noise: per-micro-batch means really differ from the whole mean
 
 
 def test_accumulation_rounds_group_micro_batches_in_order():

@@ -7,12 +7,12 @@ import re
 import warnings
 
 import pytest
-from tiny_models import make_tiny_llama, tiny_named
-from train_helpers import REPO
 
 from specheads.heads import HeadConfigError
 from specheads.training.config import load_config
 from specheads.training.loop import build_head
+from tests.tiny_models import make_tiny_llama, tiny_named
+from tests.training.train_helpers import REPO
 
 TOKENS = {"input_ids": [[1, 2, 3]], "loss_mask": [[1, 1, 1]]}  # what an EAGLE-3 draft vocabulary is counted from
 
@@ -37,7 +37,7 @@ def test_eagle1_refuses_a_draft_vocabulary():
 def test_training_on_a_target_the_decoder_would_refuse_warns_first():
     """LFM2's convolution layers fold every tree node into one state: specheads' decoder refuses such a target, and
     training says so before the run, with the same reason (a Medusa head on it is still built and trainable)."""
-    from tiny_models import tiny_family
+    from tests.tiny_models import tiny_family
 
     target = tiny_family("lfm2", layer_types=["conv", "full_attention"])
     cfg = load_config(REPO / "configs" / "medusa" / "smollm2-135m.yaml")

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from train_helpers import REPO, tiny_overrides
 
 from specheads.training.checkpoint import (
     CONFIG_FILE,
@@ -21,6 +20,7 @@ from specheads.training.checkpoint import (
 )
 from specheads.training.config import load_config
 from specheads.training.loop import train
+from tests.training.train_helpers import REPO, tiny_overrides
 
 
 def _fake(output_dir, name, step=None):

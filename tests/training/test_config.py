@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
-from train_helpers import REPO, tiny_overrides
 
 from specheads.training.config import ConfigError, load_config
 from specheads.training.train_cli import train_main
+from tests.training.train_helpers import REPO, tiny_overrides
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TRAIN_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name not in ("accelerate", "trees"))
@@ -220,8 +220,8 @@ def test_broken_config_files_are_one_line_errors_that_say_where(tmp_path, text, 
     ],
 )
 def test_override_errors_name_the_override_not_the_file(override, expected):
-    """The file and the overrides used to be merged at once, so a mistyped override was blamed on the YAML file, and
-    type errors were OmegaConf's multi-line dumps."""
+    """The file and each override are merged in turn, so a mistyped override is blamed on itself, not on the YAML
+    file, in one line rather than OmegaConf's multi-line dump."""
     with pytest.raises(ConfigError, match=expected) as info:
         load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", [override])
     assert "\n" not in str(info.value) and "smollm2-135m.yaml" not in str(info.value)
@@ -271,6 +271,7 @@ def test_zero_is_valid_where_it_means_none():
     assert (cfg.train.lr, cfg.train.save_every, cfg.data.eval_fraction) == (0, 0, 0)
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_a_rank_other_than_0_logs_no_data_summary_and_no_saved_head_line(tiny_target_dir, small_chat_file, tmp_path):
     """With 2 processes every rank logged the data summary and "saved head to ...", rank 0's copy and rank 1's. Rank 1
     now logs warnings only. One process with RANK=1 is a second rank's view of its logging (the run itself is a

@@ -68,8 +68,8 @@ def test_shapes_are_detected_and_normalised():
         detect_format({"id": 1, "text": "x"}, "f")
 
 
-def test_mask_covers_assistant_text_and_end_of_turn_only(smollm2):
-    _, tokenizer = smollm2
+def test_mask_covers_assistant_text_and_end_of_turn_only(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
@@ -93,8 +93,8 @@ def test_mask_covers_assistant_text_and_end_of_turn_only(smollm2):
     assert sample["num_loss_tokens"] == 5 and not sample["truncated"]
 
 
-def test_mask_decodes_to_assistant_text_with_spaces_and_newlines(smollm2):
-    _, tokenizer = smollm2
+def test_mask_decodes_to_assistant_text_with_spaces_and_newlines(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
     answer = " Hello!\n\nHow can I help?\n"
     messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": answer}]
     sample = tokenize_conversation(messages, tokenizer, max_length=1024)
@@ -103,8 +103,8 @@ def test_mask_decodes_to_assistant_text_with_spaces_and_newlines(smollm2):
     assert cut["truncated"] and cut["loss_mask"] == sample["loss_mask"][: len(cut["loss_mask"])]
 
 
-def test_build_datasets_reads_all_shapes_truncates_and_splits(smollm2, tmp_path):
-    _, tokenizer = smollm2
+def test_build_datasets_reads_all_shapes_truncates_and_splits(smollm2_tokenizer, tmp_path):
+    tokenizer = smollm2_tokenizer
     pairs = [{"prompt": f"Question {i}?", "response": f"Answer number {i}."} for i in range(6)]
     sharegpt = [{"conversations": [{"from": "human", "value": "Hey"}, {"from": "gpt", "value": "Yo"}]}]
     messages = [{"messages": [{"role": "user", "content": "x " * 200}, {"role": "assistant", "content": "y"}]}]
@@ -130,16 +130,16 @@ def test_build_datasets_reads_all_shapes_truncates_and_splits(smollm2, tmp_path)
     assert other_train["input_ids"] != train["input_ids"]
 
 
-def test_everything_dropped_says_why(smollm2, tmp_path):
-    _, tokenizer = smollm2
+def test_everything_dropped_says_why(smollm2_tokenizer, tmp_path):
+    tokenizer = smollm2_tokenizer
     pairs = [{"prompt": f"Question {i}?", "response": "A."} for i in range(3)]
     cfg = DataConfig(paths=[write_jsonl(tmp_path / "p.jsonl", pairs)], max_length=8)
     with pytest.raises(DataError, match=r"all 3 samples were dropped: 3 had no assistant tokens within max_length=8"):
         build_datasets(cfg, tokenizer)
 
 
-def test_unknown_shape_in_a_file_names_the_keys(smollm2, tmp_path):
-    _, tokenizer = smollm2
+def test_unknown_shape_in_a_file_names_the_keys(smollm2_tokenizer, tmp_path):
+    tokenizer = smollm2_tokenizer
     cfg = DataConfig(paths=[write_jsonl(tmp_path / "bad.jsonl", [{"question": "q", "answer": "a"}])])
     with pytest.raises(DataError, match=r"bad.jsonl: unknown record shape with keys \['answer', 'question'\]"):
         build_datasets(cfg, tokenizer)
@@ -154,8 +154,8 @@ def test_collate_right_pads():
     assert all(t.dtype == torch.long for t in out.values())
 
 
-def test_a_record_of_another_shape_is_named(smollm2, tmp_path):
-    _, tokenizer = smollm2
+def test_a_record_of_another_shape_is_named(smollm2_tokenizer, tmp_path):
+    tokenizer = smollm2_tokenizer
     records = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
     records.append({"prompt": "q", "response": "a"})
     cfg = DataConfig(paths=[write_jsonl(tmp_path / "mixed.jsonl", records)])
@@ -179,12 +179,11 @@ def test_committed_mix_set_is_what_its_prompt_script_makes(tmp_path):
     )
     assert refused.returncode == 2 and f"{empty / 'prompts.jsonl'}" in refused.stderr
     assert "pass --prompts-dir DIR" in refused.stderr and not (tmp_path / "x.jsonl").exists()
-    if not (repo.parent / "shared" / "data" / "train_prompts" / "prompts.jsonl").is_file():
-        pytest.skip(
-            "the project's shared training prompts (../shared/data/train_prompts) are not next to this checkout"
-        )
+    prompts_dir = repo.parent / "shared" / "data" / "train_prompts"
+    if not (prompts_dir / "prompts.jsonl").is_file():
+        pytest.skip("the project's training prompts (../shared/data/train_prompts) are not next to this checkout")
     prompts = tmp_path / "prompts.jsonl"
-    subprocess.run([*script, "--out", str(prompts)], check=True)
+    subprocess.run([*script, "--out", str(prompts), "--prompts-dir", str(prompts_dir)], check=True)
     built = {r["id"]: r["prompt"] for r in map(json.loads, prompts.read_text().splitlines())}
     committed = [json.loads(line) for line in (repo / "data" / "smollm2-135m-instruct-greedy-mix-1k.jsonl").open()]
     assert len(built) == len(committed) == 1000
@@ -209,9 +208,9 @@ def test_committed_mix_set_is_what_its_prompt_script_makes(tmp_path):
         ({"role": "bot", "content": "hi"}, r"bad.jsonl \(record 2\): a turn has role='bot'; expected one of"),
     ],
 )
-def test_bad_turns_are_errors_naming_the_record(smollm2, tmp_path, turn, message):
+def test_bad_turns_are_errors_naming_the_record(smollm2_tokenizer, tmp_path, turn, message):
     """They were jinja or concatenation tracebacks deep in tokenizing, or (an unknown role) silently dropped."""
-    _, tokenizer = smollm2
+    tokenizer = smollm2_tokenizer
     good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     bad = {"messages": [{"role": "user", "content": "q"}, turn]}
     cfg = DataConfig(paths=[write_jsonl(tmp_path / "bad.jsonl", [good, bad])])
@@ -225,8 +224,8 @@ def test_content_given_as_text_parts_is_joined():
     assert to_messages(record, "messages")[0] == {"role": "user", "content": "Hello there."}
 
 
-def test_special_token_text_inside_an_answer_does_not_end_its_mask(smollm2):
-    _, tokenizer = smollm2
+def test_special_token_text_inside_an_answer_does_not_end_its_mask(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
     answer = "Use <|endoftext|> to end a document. Then write more."
     sample = tokenize_conversation(
         [{"role": "user", "content": "How?"}, {"role": "assistant", "content": answer}], tokenizer, 256
@@ -234,10 +233,10 @@ def test_special_token_text_inside_an_answer_does_not_end_its_mask(smollm2):
     assert masked_text(tokenizer, sample) == [answer + END]
 
 
-def test_self_distilled_fields_are_read_beside_files_without_them(smollm2, tmp_path):
+def test_self_distilled_fields_are_read_beside_files_without_them(smollm2_tokenizer, tmp_path):
     """A file from `specheads data generate` (target ids, cut answers) and one without those fields load together;
     a cut answer's end-of-turn token is in the input but not in the loss."""
-    _, tokenizer = smollm2
+    tokenizer = smollm2_tokenizer
     prompt = [{"role": "user", "content": "Say hi."}]
     ids = tokenizer("Hi there", add_special_tokens=False)["input_ids"]
     distilled = {"id": "1", "messages": [*prompt, {"role": "assistant", "content": "Hi there"}]}

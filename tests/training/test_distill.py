@@ -32,6 +32,7 @@ def test_read_prompts_accepts_prompt_and_messages(tmp_path):
     assert records[2]["messages"] == [{"role": "user", "content": "What is 2+3?"}]  # old answer dropped
 
 
+@pytest.mark.slow
 def test_batched_greedy_equals_per_prompt_generate(smollm2, tmp_path):
     model, tokenizer = smollm2
     records = read_prompts(write_prompts(tmp_path))
@@ -49,6 +50,7 @@ def test_batched_greedy_equals_per_prompt_generate(smollm2, tmp_path):
         assert answer.token_ids == out and answer.finished == (len(out) < 8)
 
 
+@pytest.mark.slow
 def test_resume_skips_done_ids_and_drops_a_partial_line(smollm2, tmp_path):
     model, tokenizer = smollm2
     prompts, out = write_prompts(tmp_path), tmp_path / "out" / "distill.jsonl"
@@ -66,6 +68,7 @@ def test_resume_skips_done_ids_and_drops_a_partial_line(smollm2, tmp_path):
     assert generate_dataset(model, tokenizer, prompts, out, settings) == 0
 
 
+@pytest.mark.slow
 def test_generate_cli_samples_reproducibly(smollm2, tmp_path):
     prompts = write_prompts(tmp_path)
     common = ["generate", "--prompts", str(prompts), "--limit", "2", "--max-new-tokens", "3", "--temperature", "0.8"]
@@ -75,6 +78,7 @@ def test_generate_cli_samples_reproducibly(smollm2, tmp_path):
     assert [r["id"] for r in one] == ["a", "b"] and one == two
 
 
+@pytest.mark.slow
 def test_records_keep_the_targets_own_ids_and_whether_it_stopped(smollm2, tmp_path):
     """Text re-encodes to other ids (``\\n\\n`` is generated as one token and re-encoded as two), and an answer cut
     at max_new_tokens must not train the end-of-turn token: lines record both, and the training data uses them."""
@@ -105,6 +109,7 @@ def test_records_keep_the_targets_own_ids_and_whether_it_stopped(smollm2, tmp_pa
         assert sum(sample["loss_mask"]) == len(record["answer_token_ids"]) + int(record["finished"])
 
 
+@pytest.mark.slow
 def test_greedy_answers_ignore_the_targets_own_generation_config(smollm2):
     """Some targets ship repetition_penalty / no_repeat_ngram_size: "greedy" data must still be the argmax."""
     model, tokenizer = smollm2
@@ -160,6 +165,7 @@ def test_data_cli_errors_are_one_line_before_the_target_loads(tmp_path, capsys, 
     assert "data file not found" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resuming_with_other_settings_is_refused(smollm2, tmp_path):
     """A rerun appended to the same file whatever its settings: greedy and sampled, or 200- and 16-token answers,
     ended up mixed in one file without a word."""

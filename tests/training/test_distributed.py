@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import GRADIENT_AS_UPDATE, REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target
+from tests.training.train_helpers import GRADIENT_AS_UPDATE, REPO, tiny_overrides
 
 pytestmark = pytest.mark.distributed
 
@@ -105,8 +105,8 @@ def test_two_cpu_processes_stay_in_sync(launch_config, head_config, tiny_target_
     overrides += ["train.max_grad_norm=0.5"] * deepspeed  # DeepSpeed clips in its engine: it must get this value
     # ZeRO-2 in bf16: DeepSpeed casts the head, while the target's lm_head it projects through stays fp32
     overrides += ["train.mixed_precision=bf16"] * (launch_config == "deepspeed-zero2.yaml")
-    # The launch exactly as train_cli.py documents it: no ACCELERATE_USE_CPU, which a CPU-only machine used to need
-    # (each process then trained alone as a world of one); train() now asks Accelerate for CPU processes itself
+    # The launch exactly as train_cli.py documents it, without ACCELERATE_USE_CPU: train() asks Accelerate for CPU
+    # processes itself (otherwise each process would train alone as a world of one)
     ranks = _launch(launch_config, head_config, tmp_path, overrides)
     _assert_in_sync(ranks, "DEEPSPEED" if deepspeed else "MULTI_CPU", 3)
     _assert_sharded(ranks, head_config, overrides, tiny_target_dir)

@@ -51,6 +51,7 @@ def probe_loss(features: TargetFeatures, batch: dict[str, torch.Tensor], vocab_s
     return (soft * mask).sum() / mask.sum() + (hard * mask[:, 1:]).sum() / mask[:, 1:].sum()
 
 
+@pytest.mark.slow
 def test_online_features_are_the_requested_hidden_states(smollm2, samples):
     model, _ = smollm2
     batch = collate(samples[:2], pad_token_id=0)
@@ -69,6 +70,7 @@ def test_online_features_are_the_requested_hidden_states(smollm2, samples):
     assert lean.logits is None and lean.hidden_states[30].dtype == torch.float32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, topk", [(torch.float16, 8), (torch.bfloat16, None)])
 def test_offline_cache_equals_online(smollm2, samples, tmp_path, dtype, topk):
     model, _ = smollm2
@@ -101,6 +103,7 @@ def test_offline_cache_equals_online(smollm2, samples, tmp_path, dtype, topk):
     assert bytes_per_token == meta["bytes_per_token"] == shard_bytes / num_tokens
 
 
+@pytest.mark.slow
 def test_cache_resumes_missing_shards_and_refuses_other_settings(smollm2, samples, tmp_path):
     model, _ = smollm2
     cache_features(model, samples, [30], tmp_path, with_logits=False, shard_size=1)
@@ -122,6 +125,7 @@ def test_cache_resumes_missing_shards_and_refuses_other_settings(smollm2, sample
     assert dropped.exists() and json.loads((tmp_path / "meta.json").read_text())["target"]["weight_probe"]
 
 
+@pytest.mark.slow
 def test_a_wrong_layer_id_leaves_the_cache_folder_usable(smollm2, samples, tmp_path):
     """It failed after meta.json was written, and the corrected rerun was refused as "other settings"."""
     model, _ = smollm2
@@ -134,6 +138,7 @@ def test_a_wrong_layer_id_leaves_the_cache_folder_usable(smollm2, samples, tmp_p
     assert json.loads((tmp_path / "meta.json").read_text())["complete"]
 
 
+@pytest.mark.slow
 def test_cache_features_cli_end_to_end(smollm2, tmp_path):
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in CONVERSATIONS), encoding="utf-8")

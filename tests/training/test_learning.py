@@ -7,11 +7,11 @@ Kept small for a 2-core CI machine: 2 x 96-token samples per step, 6-10 steps, s
 from __future__ import annotations
 
 import pytest
-from train_helpers import REPO
 
 from specheads.heads import load_head
 from specheads.training.config import load_config
 from specheads.training.loop import train
+from tests.training.train_helpers import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target
 from specheads.training.config import load_config
 from specheads.training.launch import resolve_mixed_precision
 from specheads.training.loop import train
+from tests.training.train_helpers import REPO, tiny_overrides
 
 CASES = {
     # the shipped Medusa config projects through the target's own (bf16) lm_head, as EAGLE-1 does
@@ -26,7 +26,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_heads_on_a_bf16_target_train_with_fp32_weights(name, tiny_target_dir, small_chat_file, tmp_path):
     """With bf16 weights, AdamW steps of lr * ~1 on weights of ~0.02 are below half a bf16 ulp and round away
-    (the old behaviour: a head built in the target's dtype). The checkpoint holds what the optimizer updates: fp32
+    (as they would for a head built in the target's dtype). The checkpoint holds what the optimizer updates: fp32
     values, nearly all of which a bf16 weight could not hold."""
     target, tokenizer = load_target(tiny_target_dir, dtype=torch.bfloat16)
     out = tmp_path / "run"

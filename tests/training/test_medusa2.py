@@ -7,12 +7,12 @@ import pytest
 import safetensors
 import safetensors.torch
 import torch
-from train_helpers import REPO, tiny_overrides
 
 from specheads.target import load_target
 from specheads.training.checkpoint import latest_checkpoint
 from specheads.training.config import load_config
 from specheads.training.loop import train
+from tests.training.train_helpers import REPO, tiny_overrides
 
 MEDUSA2 = REPO / "configs" / "medusa2" / "smollm2-135m.yaml"
 

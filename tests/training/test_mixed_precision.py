@@ -5,11 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
-from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target
+from tests.training.train_helpers import REPO, tiny_overrides
+
+pytestmark = pytest.mark.slow  # minutes on tiny models: in make test, not make test-fast
 
 
 def test_bf16_autocast_run_trains_and_saves_an_fp32_head(tiny_target_dir, small_chat_file, tmp_path):

@@ -7,13 +7,13 @@ import re
 
 import pytest
 import torch
-from train_helpers import REPO, tiny_overrides
 
 from specheads.target import load_target
 from specheads.training.config import ConfigError, load_config
 from specheads.training.data_cli import data_main
 from specheads.training.feature_cache import CachedFeatureDataset, open_feature_caches
 from specheads.training.loop import train
+from tests.training.train_helpers import REPO, tiny_overrides
 
 
 # eagle1: hidden states + the target distribution; draft_model: the target distribution only; eagle3: three layers

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import save_tiny_target
-from train_helpers import REPO, tiny_overrides
 
 from specheads.decoding import SpeculativeGenerator, build_drafter
 from specheads.heads import load_head
 from specheads.target import load_target
 from specheads.training.config import load_config
 from specheads.training.loop import train
+from tests.tiny_models import save_tiny_target
+from tests.training.train_helpers import REPO, tiny_overrides
+
+pytestmark = pytest.mark.slow  # minutes on tiny models: in make test, not make test-fast
 
 FAMILIES = {
     "gemma2": dict(

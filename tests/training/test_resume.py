@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import safetensors.torch
 import torch
-from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import load_head
 from specheads.target import load_target
 from specheads.training.checkpoint import completed_checkpoints, latest_checkpoint
 from specheads.training.config import load_config
 from specheads.training.loop import EpochLengthGroupedSampler, train
+from tests.training.train_helpers import REPO, tiny_overrides
 
 EAGLE1 = REPO / "configs" / "eagle1" / "smollm2-135m.yaml"
 
@@ -151,8 +151,8 @@ def test_resume_refuses_settings_the_restored_state_overrides(tiny_target_dir, s
 
 
 def test_resume_after_an_upgrade_that_added_a_setting(tiny_target_dir, small_chat_file, tmp_path):
-    """A checkpoint written before a setting existed (lora.heads_warmup_steps came later) lacks it in its saved
-    config. That run ran with the setting's default, so resuming with the default continues it; another value of the
+    """A checkpoint whose saved config lacks a setting (here lora.heads_warmup_steps) ran with the setting's
+    default, so resuming with the default continues it; another value of the
     new setting, or of any setting it did save, is still refused."""
     medusa = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
     kw = dict(max_steps=2, batch_size=2, save_every=1)
@@ -165,7 +165,7 @@ def test_resume_after_an_upgrade_that_added_a_setting(tiny_target_dir, small_cha
     saved = latest_checkpoint(tmp_path) / "train_config.yaml"
     text = saved.read_text()
     assert "  heads_warmup_steps: 0\n" in text
-    saved.write_text(text.replace("  heads_warmup_steps: 0\n", ""))  # as an older specheads wrote it
+    saved.write_text(text.replace("  heads_warmup_steps: 0\n", ""))  # a saved config without the setting
     with pytest.raises(ValueError, match=r"differ from the run that wrote it \(lora.heads_warmup_steps: 0 -> 5\)"):
         run("lora.heads_warmup_steps=5", resume="auto")
     with pytest.raises(ValueError, match=r"differ from the run that wrote it \(train.batch_size: 2 -> 4\)"):

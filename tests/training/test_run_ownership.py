@@ -36,6 +36,7 @@ def test_one_live_run_per_output_folder(tmp_path, monkeypatch):
         assert (tmp_path / "run" / LOCK_NAME).is_file()
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_a_killed_run_leaves_no_stale_lock(tmp_path):
     """The OS drops the lock of a process that dies, SIGKILL included: the next run starts without cleanup."""
     holder = subprocess.Popen(

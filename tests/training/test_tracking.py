@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_helpers import REPO, tiny_overrides
 
 from specheads.training.config import load_config
 from specheads.training.loop import train
 from specheads.training.tracking import WANDB_ID_FILE, tracker_setup, wandb_mode, wandb_run_id
+from tests.training.train_helpers import REPO, tiny_overrides
 
 MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
 
@@ -48,6 +48,7 @@ def read_wandb_history(run_file: Path) -> list[dict[str, float]]:
     ]
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_wandb_offline_run_records_the_metrics(tiny_target_dir, small_chat_file, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -70,6 +71,7 @@ def test_wandb_offline_run_records_the_metrics(tiny_target_dir, small_chat_file,
     assert "train/loss" in by_step[1] and "train/lr" in by_step[2]
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_wandb_keeps_wandb_dir_and_wandb_project_from_the_environment(tiny_target_dir, small_chat_file, tmp_path):
     """WANDB_DIR places wandb's files and WANDB_PROJECT names the project (they were overridden by the output folder
     and the built-in project name); an explicit train.project still wins over WANDB_PROJECT. A fresh process, as a
@@ -167,12 +169,13 @@ def test_a_tracker_without_its_package_fails_before_anything_loads(kind, hidden,
 
 def test_a_folder_named_like_the_tracker_is_not_its_package(tmp_path, monkeypatch):
     """wandb writes its runs into ./wandb by default; that folder is a namespace package to find_spec."""
+    import specheads.training.tracker_packages as tracker_packages
     import specheads.training.tracking as tracking
     from specheads.training.config import ConfigError
 
     (tmp_path / "tracker_runs_folder").mkdir()
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(tracking.TRACKER_PACKAGES, "wandb", ("tracker_runs_folder",))
+    monkeypatch.setitem(tracker_packages.TRACKER_PACKAGES, "wandb", ("tracker_runs_folder",))
     with pytest.raises(ConfigError, match=r"needs the tracker_runs_folder package, which is not installed"):
         tracking.require_tracker_package("wandb")
 
@@ -221,11 +224,12 @@ def test_the_loss_logged_across_a_resume_is_the_uninterrupted_runs(tiny_target_d
     assert sorted(runs["full"]) == [3, 6] and runs["resumed"] == runs["full"]
 
 
+@pytest.mark.slow  # a whole run in a subprocess: in make test, not make test-fast
 def test_a_sigtermed_run_keeps_its_wandb_metrics_and_resumes_into_the_same_wandb_run(
     tiny_target_dir, small_chat_file, tmp_path
 ):
-    """SIGTERM (a scheduler's preemption, `kill`) used to end the process without unwinding: the wandb run file kept
-    only its header. Now the run exits through SystemExit, wandb flushes, and `--resume` logs into the same run."""
+    """SIGTERM (a scheduler's preemption, `kill`) unwinds: the run exits through SystemExit, wandb flushes (the run
+    file holds more than its header), and `--resume` logs into the same run."""
     import os
     import signal
     import subprocess
