@@ -17,7 +17,7 @@ from specheads.bench.methods import hf_method
 from specheads.bench.questions import find_default_questions, load_questions, select_per_category
 from specheads.bench.report import aggregate, markdown_report
 from specheads.bench.runner import run_benchmark
-from specheads.decoding.cpu_kernels import faster_row_counts
+from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.target import load_target
 
 
@@ -29,16 +29,21 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
     target, tokenizer = load_target(args.target)
-    rows = sorted(faster_row_counts(target))
+    shared_kernels = SmallBatchLinear()
+    rows = sorted(shared_kernels.faster_row_counts(target))
     print(f"{torch.get_num_threads()} threads; row counts the measured choice swaps here: {rows or 'none'}")
     assistant, label = _assistant(BenchSettings(assistant=args.assistant), target)
     methods = [hf_method("generate", target)]
     for kernels, shared in (("stock F.linear", False), ("shared kernels", True)):
         lookup = {"prompt_lookup_num_tokens": 10}
-        methods.append(hf_method(f"hf-prompt-lookup ({kernels})", target, cpu_small_batch_linear=shared, **lookup))
+        methods.append(
+            hf_method(f"hf-prompt-lookup ({kernels})", target, kernels=shared_kernels if shared else None, **lookup)
+        )
     for kernels, shared in (("stock F.linear", False), ("shared kernels", True)):
         methods.append(
-            hf_method(f"hf-assisted ({kernels})", target, cpu_small_batch_linear=shared, assistant=assistant)
+            hf_method(
+                f"hf-assisted ({kernels})", target, kernels=shared_kernels if shared else None, assistant=assistant
+            )
         )
     questions = select_per_category(load_questions(find_default_questions()), args.per_category)
     prompts = [(q, render_prompt(tokenizer, q.prompt, target.device)) for q in questions]

@@ -13,9 +13,9 @@ import time
 import torch
 
 from specheads.bench.questions import find_default_questions, load_questions, select_per_category
-from specheads.decoding.cpu_kernels import MAX_ROWS, faster_row_counts, small_batch_linear
-from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.head_drafter import build_drafter
+from specheads.decoding.tuning.cpu_kernels import MAX_ROWS, SmallBatchLinear, small_batch_linear
 from specheads.heads import load_head
 from specheads.target import load_target
 
@@ -30,11 +30,12 @@ def main() -> None:
     args = parser.parse_args()
     target, tokenizer = load_target(args.target)
     head = load_head(args.head, target)
-    swapped = sorted(faster_row_counts(target)) or "none"
+    kernels = SmallBatchLinear()
+    swapped = sorted(kernels.faster_row_counts(target)) or "none"
     print(f"{torch.get_num_threads()} threads; row counts the measured choice swaps here: {swapped}")
     questions = select_per_category(load_questions(find_default_questions()), args.per_category)
-    forced = SpeculativeGenerator(target, tokenizer, build_drafter(head, args.tree), cpu_small_batch_linear=False)
-    measured = SpeculativeGenerator(target, tokenizer, build_drafter(head, args.tree))
+    forced = SpeculativeGenerator(target, tokenizer, build_drafter(head, args.tree))
+    measured = SpeculativeGenerator(target, tokenizer, build_drafter(head, args.tree), kernels=kernels)
     names = ("generate", "swap forced (before)", "measured choice (now)")
     seconds, tokens, forwards, identical = ({name: 0 for name in names} for _ in range(4))
     for question in questions:

@@ -17,9 +17,9 @@ import time
 import torch
 from transformers import DynamicCache
 
-from specheads.decoding.cpu_kernels import MAX_ROWS, faster_row_counts, small_batch_linear
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.tree import chain_parents
+from specheads.decoding.tuning.cpu_kernels import MAX_ROWS, faster_row_counts, small_batch_linear
 from specheads.decoding.verify import verify_tree
 from specheads.target import load_target
 

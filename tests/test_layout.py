@@ -123,6 +123,24 @@ def test_no_import_cycles():
     assert not cycles, "import cycles (move what both sides need into a module of its own): " + "; ".join(cycles)
 
 
+DECODING_CALLERS = ("__init__.py", "cli.py")
+"""The decoding modules that may import the tuning: the public re-exports and the command line, which pass it in."""
+
+
+def test_the_decoding_core_does_not_import_its_tuning():
+    """The decode step (tree, draft, verify, accept, cache commit, generator, drafters) reads without the machine
+    tuning beside it (``decoding/tuning``: cost model, auto tree, backoff, CPU kernels), which callers pass in."""
+    core = [path for path in sorted((PACKAGE / "decoding").glob("*.py")) if path.name not in DECODING_CALLERS]
+    assert len(core) > 10 and (PACKAGE / "decoding" / "tuning" / "cost_model.py").is_file()
+    offending = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in core
+        for name in _imports(path)
+        if name.startswith("specheads.decoding.tuning")
+    ]
+    assert not offending, offending
+
+
 @pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
 def test_every_subcommand_exists_and_has_help(command, capsys):
     module_name, function_name, _ = SUBCOMMANDS[command]

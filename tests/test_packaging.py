@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import specheads
-from specheads.decoding.factory import build_drafter, shipped_tree_names
+from specheads.decoding.head_drafter import build_drafter, shipped_tree_names
 from specheads.heads import MedusaConfig, MedusaHeads
 
 pytestmark = pytest.mark.slow  # ~15 s: two builds and a fresh interpreter that imports torch
@@ -39,7 +39,7 @@ assert Path(specheads.__file__).resolve().is_relative_to(Path(site).resolve()), 
 sys.path.append(repo)  # after the wheel: the tests' helpers only
 from tests.tiny_models import make_tiny_llama
 from specheads.decoding import build_drafter
-from specheads.decoding.factory import shipped_tree_names
+from specheads.decoding.head_drafter import shipped_tree_names
 from specheads.heads import MedusaConfig, MedusaHeads
 
 heads = MedusaHeads(MedusaConfig(num_heads=4), make_tiny_llama())

@@ -33,9 +33,8 @@ from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_avai
 from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
 from specheads.decoding.cli import resolve_head_argument
-from specheads.decoding.cost_curve import CostCurve, load_or_measure_cost_curve
-from specheads.decoding.cpu_kernels import faster_row_counts
-from specheads.decoding.drafters import (
+from specheads.decoding.generator import Kernels
+from specheads.decoding.tuning.auto_tree import (
     DrafterSpec,
     auto_drafter,
     auto_tree_cache_path,
@@ -45,6 +44,8 @@ from specheads.decoding.drafters import (
     remember_tree,
     with_lookup_branch,
 )
+from specheads.decoding.tuning.cost_curve import CostCurve, load_or_measure_cost_curve
+from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
 from specheads.target import TargetLoadError, cache_root, resolve_device_dtype
@@ -154,24 +155,29 @@ def build_methods(
     tokenizer: PreTrainedTokenizerBase,
     calibration: list[torch.Tensor],
     calibration_source: str = "the benchmark's calibration prompts",
+    kernels: Kernels | None = None,
 ) -> list[Method]:
     """Baseline first, then transformers' methods, specheads prompt lookup and one method per head. Every ``auto``
-    tree chosen is also cached for ``specheads generate --tree auto`` on this device (``auto_tree_cache_path``)."""
-    methods = [hf_method("generate", target, description="transformers generate (baseline)")]
+    tree chosen is also cached for ``specheads generate --tree auto`` on this device (``auto_tree_cache_path``).
+    Every method, transformers' included, runs inside ``kernels`` (``SpeculativeGenerator``'s hook)."""
+    methods = [hf_method("generate", target, description="transformers generate (baseline)", kernels=kernels)]
     if "hf-prompt-lookup" in settings.methods:
         n = settings.prompt_lookup_tokens
         label = f"prompt_lookup_num_tokens={n}"
-        methods.append(hf_method("hf-prompt-lookup", target, description=label, prompt_lookup_num_tokens=n))
+        methods.append(
+            hf_method("hf-prompt-lookup", target, description=label, kernels=kernels, prompt_lookup_num_tokens=n)
+        )
     if "hf-assisted" in settings.methods:
         assistant, label = _assistant(settings, target)
-        methods.append(hf_method("hf-assisted", target, description=f"assistant_model: {label}", assistant=assistant))
+        what = f"assistant_model: {label}"
+        methods.append(hf_method("hf-assisted", target, description=what, assistant=assistant, kernels=kernels))
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
     if "specheads-plain" in settings.methods:
         spec = DrafterSpec(None, "root only (no drafter)")
-        methods.append(_specheads("specheads-plain", target, tokenizer, spec, acceptance, "no drafter"))
+        methods.append(_specheads("specheads-plain", target, tokenizer, spec, acceptance, "no drafter", kernels))
     if "specheads-lookup" in settings.methods:
         spec = prompt_lookup_drafter(settings.prompt_lookup_tokens)
-        methods.append(_specheads("specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup"))
+        methods.append(_specheads("specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup", kernels))
     trees = settings.trees or ["auto"]
     if len(trees) not in (1, len(settings.heads)):
         raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
@@ -184,12 +190,12 @@ def build_methods(
     curve = None
     for head_arg, tree in zip(settings.heads, trees):
         if tree == "auto" and curve is None:
-            curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate)
+            curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate, kernels=kernels)
             relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
             print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
         if any(m.name == f"specheads-{Path(head_arg).name}" for m in methods):
             raise ValueError(f"two --head folders are both named {Path(head_arg).name!r}; rename one")
-        calibrated = (calibration, calibration_source, curve)
+        calibrated = (calibration, calibration_source, curve, kernels)
         methods += _head_methods(settings, head_arg, tree, target, tokenizer, *calibrated)
     return methods
 
@@ -224,6 +230,7 @@ def _head_methods(
     calibration: list[torch.Tensor],
     calibration_source: str,
     curve: CostCurve | None,
+    kernels: Kernels | None = None,
 ) -> list[Method]:
     """One head's methods: its tree, and with ``--backoff``, ``--lookup-branch`` and ``--lookup-solo`` those
     variants. An ``auto`` tree is chosen on ``curve`` and cached for ``specheads generate --tree auto``."""
@@ -238,21 +245,29 @@ def _head_methods(
     head = load_head(head_dir, target).to(target.device).eval()
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
     curve = curve if tree == "auto" else None
-    spec = auto_drafter(head, target, tokenizer, curve, calibration) if curve is not None else fixed_drafter(head, tree)
+    if curve is not None:
+        spec = auto_drafter(head, target, tokenizer, curve, calibration, kernels=kernels)
+    else:
+        spec = fixed_drafter(head, tree)
     name, what = f"specheads-{Path(head_arg).name}", f"{head.head_type} head"
-    methods = [_specheads(name, target, tokenizer, spec, acceptance, what, curve)]
+    methods = [_specheads(name, target, tokenizer, spec, acceptance, what, kernels, curve)]
     if settings.backoff and spec.drafter is not None:
         backoff = f"{what}, draft backoff"
-        methods.append(_specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, backoff, curve, True))
+        methods.append(
+            _specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, backoff, kernels, curve, True)
+        )
     if settings.lookup_branch:
         branch = with_lookup_branch(spec, settings.lookup_branch)
-        methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, f"{what} + lookup", curve))
+        what_branch = f"{what} + lookup"
+        methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, what_branch, kernels, curve))
     priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
     if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
         solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
         alone = "where the cost model says" if settings.lookup_solo == "auto" else f"on {settings.lookup_solo}-grams"
         what_solo = f"{what} + lookup, alone {alone}"
-        methods.append(_specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, curve))
+        methods.append(
+            _specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, kernels, curve)
+        )
         if settings.lookup_solo == "auto":
             priced[settings.lookup_branch] = solo.drafter.solo_ngram
     if curve is not None:  # what generate --tree auto [--lookup-solo auto] reuses on this device
@@ -271,6 +286,7 @@ def _specheads(
     spec: DrafterSpec,
     acceptance: str,
     what: str,
+    kernels: Kernels | None,
     curve: CostCurve | None = None,
     backoff: bool = False,
 ) -> Method:
@@ -278,7 +294,8 @@ def _specheads(
     if spec.auto is not None and curve is not None:
         extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
         extra["cost_curve"] = asdict(curve)
-    return specheads_method(name, target, tokenizer, spec.drafter, acceptance, f"specheads, {what}", extra, backoff)
+    description = f"specheads, {what}"
+    return specheads_method(name, target, tokenizer, spec.drafter, acceptance, description, extra, backoff, kernels)
 
 
 def run_bench(
@@ -308,7 +325,8 @@ def run_bench(
     calibration, calibration_source, calibration_ids = calibration_prompts(
         tokenizer, settings.calibration_prompts, device, held_out, calibration_data_file(settings)
     )
-    methods = build_methods(settings, target, tokenizer, calibration, calibration_source)
+    kernels = SmallBatchLinear()  # measured once here, then every method's few-row products use the same choice
+    methods = build_methods(settings, target, tokenizer, calibration, calibration_source, kernels)
     records = run_benchmark(
         methods,
         prompts,
@@ -329,7 +347,7 @@ def run_bench(
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         # every method's few-row products, transformers' included (hf_method): measured once, remembered
-        "cpu_kernel_rows": sorted(faster_row_counts(target)),
+        "cpu_kernel_rows": sorted(kernels.faster_row_counts(target)),
     }
     if settings.heads and "auto" in (settings.trees or ["auto"]):
         config["calibration"] = {"source": calibration_source, "question_ids": calibration_ids}

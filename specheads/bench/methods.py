@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.decoding.cpu_kernels import small_batch_linear
-from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.generator import Kernels, SpeculativeGenerator
+from specheads.decoding.tuning.backoff import DraftBackoff
 from specheads.target import only_this_config
 
 
@@ -123,17 +123,18 @@ def hf_method(
     lossless: bool = True,
     description: str = "",
     assistant: PreTrainedModel | None = None,
-    cpu_small_batch_linear: bool = True,
+    kernels: Kernels | None = None,
     **generation_options: Any,
 ) -> Method:
     """transformers ``generate`` with extra generation-config fields (``prompt_lookup_num_tokens=10``) and/or an
     ``assistant`` model (assisted generation).
 
-    ``cpu_small_batch_linear``: run the target and the assistant under the CPU kernel choice specheads' methods
-    verify with (``specheads.decoding.cpu_kernels``: measured per machine; no effect on GPU or in bf16), so that a
-    comparison with them measures the drafting, not the matrix kernel. On a CPU whose BLAS is slow for a few rows
-    (docs/results.md), transformers' multi-token forwards would otherwise pay what specheads' do not. Plain
-    ``generate`` forwards one row per step and is not affected past its prefill."""
+    ``kernels``: run the target and the assistant under the CPU kernel choice specheads' methods verify with
+    (``specheads.decoding.tuning.cpu_kernels.SmallBatchLinear``: measured per machine; no effect on GPU or in bf16),
+    so that a comparison with them measures the drafting, not the matrix kernel. On a CPU whose BLAS is slow for a
+    few rows, transformers' multi-token forwards would
+    otherwise pay what specheads' do not. Plain ``generate`` forwards one row per step and is not affected past its
+    prefill."""
 
     def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
         config = generation_config_for(target, max_new_tokens, temperature)
@@ -143,9 +144,8 @@ def hf_method(
         torch.manual_seed(seed)
         drafter = ForwardTimer(assistant) if assistant is not None else None
         with contextlib.ExitStack() as stack:
-            for model in (target, assistant) if cpu_small_batch_linear else ():
-                if model is not None:  # the kernels SpeculativeGenerator runs the target and a draft model with
-                    stack.enter_context(small_batch_linear(model))
+            if kernels is not None:  # the kernels SpeculativeGenerator runs the target and a draft model with
+                stack.enter_context(kernels(*(model for model in (target, assistant) if model is not None)))
             verify = stack.enter_context(ForwardTimer(target))
             stack.enter_context(drafter or contextlib.nullcontext())
             stack.enter_context(only_this_config(target, config))
@@ -175,9 +175,11 @@ def specheads_method(
     description: str = "",
     extra: dict[str, Any] | None = None,
     backoff: bool = False,
+    kernels: Kernels | None = None,
 ) -> Method:
     """specheads' ``SpeculativeGenerator`` with a drafter (None = plain decoding through the speculative loop)."""
-    generator = SpeculativeGenerator(target, tokenizer, drafter=drafter, acceptance=acceptance, backoff=backoff)
+    policy = DraftBackoff() if backoff else None
+    generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance, kernels=kernels, backoff=policy)
 
     def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
         result = generator.generate(input_ids[0], max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)

@@ -191,7 +191,7 @@ def _kernel_note(config: dict[str, Any]) -> str:
     span = f"{rows[0]}-{rows[-1]}" if rows == list(range(rows[0], rows[-1] + 1)) else ", ".join(map(str, rows))
     return (
         f" Matrix products of {span} rows ran as `(W @ x.T).T` in every method, transformers' included (measured "
-        "faster than `F.linear` on this CPU: `specheads.decoding.cpu_kernels`)."
+        "faster than `F.linear` on this CPU: `specheads.decoding.tuning.cpu_kernels`)."
     )
 
 

@@ -1,7 +1,10 @@
-"""How draft heads are used: tree, draft, verify, accept, cache commit, generate.
+"""How draft heads are used: tree, draft, verify, accept, cache commit, generate (the core), with machine tuning
+beside it in ``specheads.decoding.tuning`` (cost model, auto tree, backoff, CPU kernels), passed in by the caller.
 
-from specheads.decoding import SpeculativeGenerator, auto_tree_drafter, build_drafter
+from specheads.decoding import SmallBatchLinear, SpeculativeGenerator, auto_tree_drafter, build_drafter
 generator = SpeculativeGenerator(target, tokenizer, build_drafter(head))  # the head type's default tree
+# on a CPU, with the matrix kernels measured faster on this machine for the few-token verify forwards:
+# generator = SpeculativeGenerator(target, tokenizer, build_drafter(head), kernels=SmallBatchLinear())
 # or a tree sized for this machine by the cost model (measured once, then cached):
 # generator = SpeculativeGenerator(target, tokenizer, auto_tree_drafter(head, head_dir, target, tokenizer).drafter)
 result = generator.generate("Why is the sky blue?", max_new_tokens=128)
@@ -15,21 +18,15 @@ from specheads.decoding.accept import (
     accept_speculative,
     accept_typical,
 )
-from specheads.decoding.backoff import DraftBackoff
-from specheads.decoding.draft import (
-    Drafter,
-    DraftTree,
-    MedusaDrafter,
-    PromptLookupDrafter,
-    Sampling,
-)
-from specheads.decoding.drafters import DrafterSpec, auto_tree_drafter
+from specheads.decoding.draft import Drafter, DraftTree, Sampling
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
-from specheads.decoding.factory import build_drafter
-from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.generator import DraftPolicy, Kernels, SpeculativeGenerator
+from specheads.decoding.head_drafter import build_drafter
 from specheads.decoding.kv_cache import commit_path
 from specheads.decoding.lookup_branch import LookupBranchDrafter
-from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.medusa_drafter import MedusaDrafter
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.prompts import Prompt, encode_prompt
 from specheads.decoding.sampling import warp_logits_to_probs
 from specheads.decoding.stats import GenerationResult, GenerationStats
@@ -42,6 +39,9 @@ from specheads.decoding.tree import (
     load_tree,
     static_tree,
 )
+from specheads.decoding.tuning.auto_tree import DrafterSpec, auto_tree_drafter
+from specheads.decoding.tuning.backoff import DraftBackoff
+from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.decoding.verify import Verification, verify_tree
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "CompiledTree",
     "DraftBackoff",
     "DraftModelDrafter",
+    "DraftPolicy",
     "DraftTree",
     "DrafterSpec",
     "Drafter",
@@ -57,11 +58,13 @@ __all__ = [
     "EagleTreeDrafter",
     "GenerationResult",
     "GenerationStats",
+    "Kernels",
     "LookupBranchDrafter",
     "MedusaDrafter",
     "Prompt",
     "PromptLookupDrafter",
     "Sampling",
+    "SmallBatchLinear",
     "SpeculativeGenerator",
     "StaticTree",
     "Verification",

@@ -3,7 +3,7 @@
     specheads generate --target smollm2-135m-instruct --head DIR --prompt "..." [--tree auto|small10|FILE|chain|dynamic]
 
 Tree settings: ``auto`` (every head type: the tree the cost model expects to be fastest on this device for this
-head, calibrated once on built-in prompts and cached, ``decoding.drafters.auto_tree_drafter``); a tree file or the
+head, calibrated once on built-in prompts and cached, ``tuning.auto_tree.auto_tree_drafter``); a tree file or the
 name of one shipped in ``specheads/decoding/trees/`` (Medusa, static); ``chain`` or ``chain:D`` (every head type:
 one path of D tokens); ``dynamic`` or ``dynamic:D,K,N`` (EAGLE-2 dynamic tree of depth D, top-K expansion, N nodes
 kept).
@@ -24,15 +24,17 @@ from typing import Any
 import torch
 from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.decoding.draft import PromptLookupDrafter
-from specheads.decoding.drafters import (
+from specheads.decoding.generator import ACCEPTANCE_RULES, Kernels, SpeculativeGenerator
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
+from specheads.decoding.tuning.auto_tree import (
     DrafterSpec,
     auto_tree_drafter,
     fixed_drafter,
     parse_solo_length,
     with_lookup_branch,
 )
-from specheads.decoding.generator import ACCEPTANCE_RULES, SpeculativeGenerator
+from specheads.decoding.tuning.backoff import DraftBackoff
+from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.heads.base import CONFIG_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError
@@ -158,13 +160,15 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         parser.error(f"--device {error}")
     head_dir = resolve_head_argument(args.head) if args.head else None  # before the target: a wrong one fails fast
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
+    kernels = SmallBatchLinear()  # the CPU matrix kernels measured faster here, for calibration and decoding alike
     spec, adapted = DrafterSpec(None, ""), False
     if args.prompt_lookup:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
     elif head_dir is not None:
-        target, spec, adapted = _head_drafter(args, parser, head_dir, target, tokenizer)
+        target, spec, adapted = _head_drafter(args, parser, head_dir, target, tokenizer, kernels)
     drafter = spec.drafter
-    generator = SpeculativeGenerator(target, tokenizer, drafter, acceptance=args.acceptance, backoff=args.backoff)
+    backoff = DraftBackoff() if args.backoff else None
+    generator = SpeculativeGenerator(target, tokenizer, drafter, args.acceptance, kernels=kernels, backoff=backoff)
     prompt: Any = args.prompt
     if args.raw:
         prompt = tokenizer(args.prompt, return_tensors="pt").input_ids
@@ -196,6 +200,7 @@ def _head_drafter(
     head_dir: Path,
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
+    kernels: Kernels,
 ) -> tuple[PreTrainedModel, DrafterSpec, bool]:
     """The target to decode (Medusa-2: with its LoRA adapter applied), the head's drafter for ``--tree``, and whether
     an adapter was applied."""
@@ -221,6 +226,7 @@ def _head_drafter(
             log=_stderr,
             lookup_branch=args.lookup_branch,
             lookup_solo=args.lookup_solo,
+            kernels=kernels,
         )
         return target, spec, adapted
     return target, _fixed_tree(args, parser, head, target.device), adapted

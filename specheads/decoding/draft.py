@@ -1,4 +1,4 @@
-"""The one interface between drafters and the speculative step, plus the two simplest drafters.
+"""The one interface between drafters and the speculative step: the draft tree, the drafter protocol, sampling.
 
 A drafter proposes a tree of candidate tokens rooted at the last committed token; the verifier never knows which
 drafter made it (as transformers' ``CandidateGenerator``). Per-request drafter state lives in the object returned
@@ -16,14 +16,13 @@ Drafters that need target features name them in ``layer_ids`` (HF hidden-state i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from specheads.decoding.sampling import warp_logits_to_probs
-from specheads.decoding.tree import CompiledTree, StaticTree, chain_parents
-from specheads.heads import MedusaHeads
+from specheads.decoding.tree import CompiledTree
 
 HiddenStates = tuple[torch.Tensor | None, ...]
 """The target's ``hidden_states`` tuple in HF indexing, restricted to the fed rows: entries are (1, m, H) or None."""
@@ -127,106 +126,3 @@ def draw_children(
     uniform = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(min=1e-20)
     gumbel = -torch.log(-torch.log(uniform))
     return torch.topk(log_q + gumbel, k, dim=-1).indices, scores
-
-
-class MedusaDrafter:
-    """Medusa heads on a static tree: node (depth d, rank r) is head d's r-th best guess (top-k, deterministic,
-    so ``draft_probs`` is None even when sampling). Head k reads the target's hidden state at the last fed position
-    and predicts token t + k + 1, i.e. depth k below the root (the root itself is the target's own next token)."""
-
-    def __init__(self, heads: MedusaHeads, tree: StaticTree) -> None:
-        if tree.max_depth > heads.num_heads:
-            raise ValueError(
-                f"the tree is {tree.max_depth} deep but the Medusa head set has only {heads.num_heads} heads; "
-                f"use a tree at most {heads.num_heads} deep (e.g. chain:{heads.num_heads}) or more heads"
-            )
-        self.heads = heads
-        self.tree = tree
-        self.layer_ids = list(heads.layer_ids)
-
-    def begin(
-        self,
-        prompt_ids: torch.Tensor,
-        hidden_states: HiddenStates | None,
-        root: int,
-        sampling: Sampling,
-        generator: torch.Generator | None,
-    ) -> MedusaState:
-        state = MedusaState(hidden=None, root=root)
-        self.observe(state, prompt_ids, hidden_states, root)
-        return state
-
-    def observe(self, state: MedusaState, fed_tokens: torch.Tensor, hidden_states: HiddenStates, root: int) -> None:
-        state.hidden = hidden_states[self.layer_ids[0]][:, -1:]  # (1, 1, H) at the last fed position
-        state.root = root
-
-    def propose(self, state: MedusaState) -> DraftTree:
-        if self.tree.ranks.device != state.hidden.device:  # once: the structure then stays with the heads
-            self.tree = self.tree.to(state.hidden.device)
-        tree = self.tree
-        logits = self.heads(state.hidden)[: tree.max_depth, 0, 0]  # (D, V): head d guesses depth d
-        guesses = torch.topk(logits, tree.max_rank, dim=-1).indices  # (D, R)
-        tokens = guesses[(tree.compiled.depths - 1).clamp(min=0), tree.ranks]  # (n,)
-        tokens[0] = state.root
-        return DraftTree(tokens=tokens, parents=tree.compiled.parents, structure=tree.compiled)
-
-
-@dataclass
-class MedusaState:
-    hidden: torch.Tensor | None  # (1, 1, H) target feature at the last fed position
-    root: int
-
-
-class PromptLookupDrafter:
-    """Training-free drafter: find the latest earlier occurrence of the context's last n tokens (n from
-    ``max_ngram`` down to ``min_ngram``) and propose the tokens that followed it as a chain (Saxena 2023,
-    https://github.com/apoorvumang/prompt-lookup-decoding). Deterministic: ``draft_probs`` is None."""
-
-    layer_ids: list[int] = []
-
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 3, min_ngram: int = 1) -> None:
-        if num_tokens < 1 or not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"need num_tokens >= 1 and 1 <= min_ngram <= max_ngram, got {num_tokens=}, {max_ngram=}")
-        self.num_tokens, self.max_ngram, self.min_ngram = num_tokens, max_ngram, min_ngram
-        self.layer_ids = []
-
-    def begin(
-        self,
-        prompt_ids: torch.Tensor,
-        hidden_states: HiddenStates | None,
-        root: int,
-        sampling: Sampling,
-        generator: torch.Generator | None,
-    ) -> LookupState:
-        return LookupState(context=prompt_ids.view(-1).tolist() + [root])
-
-    def observe(
-        self, state: LookupState, fed_tokens: torch.Tensor, hidden_states: HiddenStates | None, root: int
-    ) -> None:
-        state.context.extend(fed_tokens.view(-1).tolist()[1:] + [root])  # the old root is already in the context
-
-    def continuation(self, state: LookupState) -> tuple[torch.Tensor, int]:
-        """The proposed tokens after the root (possibly none) and the length of the n-gram they matched (0: none)."""
-        return lookup_match(torch.tensor(state.context), self.num_tokens, self.max_ngram, self.min_ngram)
-
-    def propose(self, state: LookupState) -> DraftTree:
-        tokens = torch.cat([torch.tensor(state.context[-1:]), self.continuation(state)[0]])
-        return DraftTree(tokens=tokens, parents=chain_parents(tokens.numel()))
-
-
-@dataclass
-class LookupState:
-    context: list[int] = field(default_factory=list)  # every committed token, ending with the root
-
-
-def lookup_match(context: torch.Tensor, num_tokens: int, max_ngram: int, min_ngram: int) -> tuple[torch.Tensor, int]:
-    """The up to ``num_tokens`` tokens that followed the latest earlier match of the context's last n-gram, and that
-    n (the longest from ``max_ngram`` down to ``min_ngram``; 0 and no tokens when nothing matched)."""
-    length = context.numel()
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        windows = context.unfold(0, n, 1)[:-1]  # (length - n, n): every n-gram except the tail itself
-        hits = torch.nonzero((windows == context[-n:]).all(dim=1)).flatten()
-        if hits.numel():
-            start = int(hits[-1]) + n
-            return context[start : start + num_tokens], n
-    return context[:0], 0

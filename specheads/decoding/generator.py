@@ -16,7 +16,7 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
@@ -28,8 +28,6 @@ from specheads.decoding.accept import (
     accept_speculative,
     accept_typical,
 )
-from specheads.decoding.backoff import DraftBackoff
-from specheads.decoding.cpu_kernels import small_batch_linear
 from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
 from specheads.decoding.kv_cache import commit_path, new_cache
 from specheads.decoding.prompts import Prompt, encode_prompt
@@ -38,12 +36,25 @@ from specheads.decoding.sampling import (
     sample_from_probs,
     warn_unapplied_generation_settings,
 )
-from specheads.decoding.stats import GenerationResult, GenerationStats
+from specheads.decoding.stats import GenerationResult, GenerationStats, StepTimer
 from specheads.decoding.tree import ancestor_matrix
 from specheads.decoding.verify import attention_layout, check_tree_exactness, select_rows, verify_tree
-from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
 
 ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
+
+Kernels = Callable[..., contextlib.AbstractContextManager[Any]]
+"""A hook the generator enters around each request with the target and the drafter's modules, e.g. a choice of
+matrix kernels (``specheads.decoding.tuning.cpu_kernels.SmallBatchLinear``): ``with kernels(*modules): ...``."""
+
+
+class DraftPolicy(Protocol):
+    """Whether to draft on the next step, from what earlier steps of the request cost and committed (e.g.
+    ``specheads.decoding.tuning.backoff.DraftBackoff``). The generator copies it afresh for every request; a step
+    without a draft verifies the root alone, so any policy is lossless."""
+
+    def should_draft(self) -> bool: ...
+
+    def record(self, drafted: bool, seconds: float, tokens: int) -> None: ...
 
 
 @dataclass
@@ -73,33 +84,28 @@ class SpeculativeGenerator:
         acceptance: str = "speculative",
         posterior_threshold: float = 0.09,
         posterior_alpha: float = 0.3,
-        cpu_small_batch_linear: bool = True,
-        backoff: bool | DraftBackoff = False,
+        kernels: Kernels | None = None,
+        backoff: DraftPolicy | None = None,
     ) -> None:
-        """``cpu_small_batch_linear``: on CPU, compute the few-token matrix products of verification with the
-        other kernel of ``specheads.decoding.cpu_kernels`` for the row counts where it measures faster on this
-        machine (timed once per process; no effect on GPU or in bf16).
+        """``kernels``: entered around every request with the target and the drafter's modules (``Kernels``); the
+        CLI and the benchmark pass ``SmallBatchLinear()``, the CPU matrix kernels measured faster on this machine.
 
-        ``backoff``: stop drafting while it does not pay on the current request (``specheads.decoding.backoff``;
-        lossless). True uses the default policy; a ``DraftBackoff`` is copied afresh for every request."""
+        ``backoff``: a ``DraftPolicy`` that may skip drafting on steps where it does not pay (lossless), copied
+        afresh for every request; ``specheads.decoding.tuning.backoff.DraftBackoff()`` is the default policy."""
+        if backoff is True:
+            raise TypeError(
+                f"backoff takes a draft policy, got {backoff!r}; pass "
+                "specheads.decoding.tuning.backoff.DraftBackoff() for the default one, or None for none"
+            )
         if acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
-        attention = getattr(target.config, "_attn_implementation", None)
-        if attention not in TREE_ATTENTION_IMPLEMENTATIONS:
-            raise ValueError(
-                f"the target uses attn_implementation={attention!r}, which does not apply the additive 4D tree mask "
-                f"verification passes; expected one of {TREE_ATTENTION_IMPLEMENTATIONS}. Load it with "
-                "attn_implementation='sdpa' (or specheads.target.load_target), or call "
-                "target.set_attn_implementation('sdpa')"
-            )
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.acceptance = acceptance
         self.typical_params = (posterior_threshold, posterior_alpha)
-        self.cpu_small_batch_linear = cpu_small_batch_linear
-        self.backoff = DraftBackoff() if backoff is True else (backoff or None)
+        self.kernels, self.backoff = kernels, backoff or None  # False: no policy, as None
         self.layer_ids = list(drafter.layer_ids) if drafter is not None else []
         self.max_context = int(getattr(target.config.get_text_config(), "max_position_embeddings", 0) or 0)
-        self.layout = attention_layout(target)  # the masks its layers read (sliding-window layers: their own)
+        self.layout = attention_layout(target)  # refuses a target that cannot verify trees (``tree_obstacle``)
         check_tree_exactness(target, self.layout)  # a forward that ignores the tree mask or positions: refused
         self.flagged_settings = generation_settings_to_flag(target)  # warned about now, and again if they change
         warn_unapplied_generation_settings(self.flagged_settings)
@@ -155,17 +161,15 @@ class SpeculativeGenerator:
         None draws a seed from torch's global generator (so ``torch.manual_seed`` applies). ``stream`` receives
         each new piece of text as it is committed. Each call keeps its state to itself.
 
-        Runs under ``small_batch_linear`` on the target (and a module drafter) when ``cpu_small_batch_linear``.
+        Runs inside ``kernels(target, *drafter modules)`` when the generator was given ``kernels``.
         """
         self.check_drafter_placement()
         settings = generation_settings_to_flag(self.target)
         if settings != self.flagged_settings:  # the config changed since: as EOS, it is read on every call
             self.flagged_settings = settings
             warn_unapplied_generation_settings(settings)
-        with contextlib.ExitStack() as stack:
-            if self.cpu_small_batch_linear:
-                for module in [self.target, *(module for _, module in self.drafter_modules())]:
-                    stack.enter_context(small_batch_linear(module))
+        modules = [self.target, *(module for _, module in self.drafter_modules())]
+        with self.kernels(*modules) if self.kernels is not None else contextlib.nullcontext():
             return self._generate(prompt, max_new_tokens, temperature, top_k, top_p, stop, seed, stream)
 
     @torch.inference_mode()
@@ -180,9 +184,60 @@ class SpeculativeGenerator:
         seed: int | None = None,
         stream: Callable[[str], None] | None = None,
     ) -> GenerationResult:
+        start = time.perf_counter()
+        sampling, rule, stop = self.check_request(max_new_tokens, temperature, top_k, top_p, stop)
+        req = self.prefill(self.encode(prompt), sampling, seed, rule)  # the first new token becomes the root
+        self.emit(req, [req.root], max_new_tokens, stop, stream)
+        policy = copy.deepcopy(self.backoff) if self.drafter is not None else None
+        timer = StepTimer(self.target.device)
+        while not req.stats.stop_reason and not self.context_full(req):
+            timer.begin()
+            prefix_len = req.cache.get_seq_length()  # the root goes at this position, depth-d nodes at + d
+            # 1. draft: a tree rooted at the last committed token (the root alone when the policy skips drafting)
+            drafting = self.drafter is not None and (policy is None or policy.should_draft())
+            tree, ancestors, depth = self.draft(req, drafting, prefix_len)
+            timer.drafted()
+            # 2. verify: one target forward over every node
+            depths = tree.structure.depths if tree.structure is not None else None
+            verification = verify_tree(
+                self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors, depths, self.layout
+            )
+            req.stats.target_forwards += 1
+            timer.verified()
+            # 3. accept: the longest acceptable path plus the bonus/correction token
+            result = self.accept(rule, tree, verification.logits, sampling, req.generator)
+            path = torch.tensor(result.path, device=tree.tokens.device)
+            req.stats.record_step(depth, len(result.path) - 1)
+            # 4. commit: keep the path in the target cache, tell the drafter what the target saw
+            commit_path(req.cache, prefix_len, path)
+            fed_tokens = tree.tokens[path]
+            timer.committed()
+            if self.drafter is not None:  # drafter work (e.g. EAGLE re-feeds the path), timed as drafting
+                hidden = select_rows(verification.hidden_states, path) if self.layer_ids else None
+                self.drafter.observe(req.drafter_state, fed_tokens, hidden, result.next_token)
+            req.root = result.next_token
+            timer.observed()
+            # 5. emit the accepted tokens and the bonus token; stop at EOS / stop strings / max_new_tokens
+            self.emit(req, fed_tokens[1:].tolist() + [result.next_token], max_new_tokens, stop, stream)
+            timer.add_to(req.stats)
+            if policy is not None:
+                policy.record(drafting, timer.step_s, len(result.path))
+        req.stats.total_s = time.perf_counter() - start
+        req.stats.bookkeeping_s = req.stats.total_s - req.stats.draft_s - req.stats.verify_s
+        return GenerationResult(text=req.text, token_ids=list(req.output), stats=req.stats)
+
+    def check_request(
+        self,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        stop: Sequence[str] | str | None,
+    ) -> tuple[Sampling, str, list[str]]:
+        """The request's sampling, acceptance rule and stop strings, or an error for settings that cannot go
+        together."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        start = time.perf_counter()
         sampling = Sampling(temperature, top_k, top_p)
         if self.acceptance == "greedy" and not sampling.greedy:
             raise ValueError(
@@ -190,66 +245,30 @@ class SpeculativeGenerator:
                 f"temperature {temperature}. Use temperature=0, or acceptance='speculative' to sample (lossless)"
             )
         stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-        rule = "greedy" if sampling.greedy else self.acceptance
-        input_ids = self.encode(prompt)  # (T,)
-        req = self.prefill(input_ids, sampling, seed, rule)
-        self.emit(req, [req.root], max_new_tokens, stop, stream)
+        return sampling, "greedy" if sampling.greedy else self.acceptance, stop
+
+    def context_full(self, req: RequestState) -> bool:
+        """Not even the root has a position left: the request stops (``context_full``) without drafting."""
+        if self.max_context and req.cache.get_seq_length() >= self.max_context:
+            req.stats.stop_reason = "context_full"
+        return req.stats.stop_reason == "context_full"
+
+    def draft(self, req: RequestState, drafting: bool, prefix_len: int) -> tuple[DraftTree, torch.Tensor, int]:
+        """This step's tree, its ancestor matrix and its depth (of the deepest node; the root is depth 0): the
+        drafter's proposal, or the root alone when not drafting or when the context cannot hold every node."""
         device = self.target.device
-        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-        backoff = copy.deepcopy(self.backoff) if self.drafter is not None else None
-        while not req.stats.stop_reason:
-            # 1. draft: a tree rooted at the last committed token (the root alone while backoff says drafting
-            #    does not pay)
-            t0 = time.perf_counter()
-            prefix_len = req.cache.get_seq_length()  # the root goes at this position, depth-d nodes at + d
-            if self.max_context and prefix_len >= self.max_context:
-                req.stats.stop_reason = "context_full"  # not even the root has a position left: draft nothing
-                break
-            drafting = self.drafter is not None and (backoff is None or backoff.should_draft())
-            if not drafting:
-                tree = root_only_tree(req.root, self.target.device)
-                req.stats.plain_steps += self.drafter is not None
-            else:
-                tree = self.drafter.propose(req.drafter_state).to(device)
-            ancestors = _ancestors(tree)
-            # of the deepest node; the root is depth 0 (a static tree knows it without a device sync)
-            depth = tree.structure.max_depth if tree.structure is not None else int(ancestors.sum(dim=1).max()) - 1
-            deep = self.max_context and prefix_len + depth >= self.max_context
-            if deep:  # near the end of the context, which must hold every node: the root alone
-                tree = root_only_tree(req.root, device)
-                ancestors, depth = _ancestors(tree), 0
-            # 2. verify: one target forward over every node
-            sync()  # on a GPU, wait for queued kernels so that each phase's time is its own
-            t1 = time.perf_counter()
-            depths = tree.structure.depths if tree.structure is not None else None
-            verification = verify_tree(
-                self.target, req.cache, tree.tokens, tree.parents, self.layer_ids, ancestors, depths, self.layout
-            )
-            req.stats.target_forwards += 1
-            # 3. accept: the longest acceptable path plus the bonus/correction token
-            sync()
-            t2 = time.perf_counter()
-            result = self.accept(rule, tree, verification.logits, sampling, req.generator)
-            path = torch.tensor(result.path, device=tree.tokens.device)
-            req.stats.record_step(depth, len(result.path) - 1)
-            # 4. commit: keep the path in the target cache, tell the drafter what the target saw
-            commit_path(req.cache, prefix_len, path)
-            fed_tokens = tree.tokens[path]
-            t3 = time.perf_counter()
-            if self.drafter is not None:  # drafter work (e.g. EAGLE re-feeds the path), timed as drafting
-                hidden = select_rows(verification.hidden_states, path) if self.layer_ids else None
-                self.drafter.observe(req.drafter_state, fed_tokens, hidden, result.next_token)
-            req.root = result.next_token
-            # 5. emit the accepted tokens and the bonus token; stop at EOS / stop strings / max_new_tokens
-            t4 = time.perf_counter()
-            self.emit(req, fed_tokens[1:].tolist() + [result.next_token], max_new_tokens, stop, stream)
-            req.stats.draft_s += (t1 - t0) + (t4 - t3)
-            req.stats.verify_s += t2 - t1
-            if backoff is not None:
-                backoff.record(drafting, t4 - t0, len(result.path))
-        req.stats.total_s = time.perf_counter() - start
-        req.stats.bookkeeping_s = req.stats.total_s - req.stats.draft_s - req.stats.verify_s
-        return GenerationResult(text=req.text, token_ids=list(req.output), stats=req.stats)
+        if not drafting:
+            tree = root_only_tree(req.root, device)
+            req.stats.plain_steps += self.drafter is not None
+        else:
+            tree = self.drafter.propose(req.drafter_state).to(device)
+        ancestors = _ancestors(tree)
+        # a static tree knows its depth without a device sync
+        depth = tree.structure.max_depth if tree.structure is not None else int(ancestors.sum(dim=1).max()) - 1
+        if self.max_context and prefix_len + depth >= self.max_context:
+            tree = root_only_tree(req.root, device)
+            return tree, _ancestors(tree), 0
+        return tree, ancestors, depth
 
     def prefill(self, input_ids: torch.Tensor, sampling: Sampling, seed: int | None, rule: str) -> RequestState:
         """Feed the prompt, pick the first new token from its last logits and start the drafter."""

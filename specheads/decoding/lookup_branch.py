@@ -19,14 +19,8 @@ from typing import Any
 
 import torch
 
-from specheads.decoding.draft import (
-    DraftTree,
-    HiddenStates,
-    LookupState,
-    PromptLookupDrafter,
-    Sampling,
-    root_only_tree,
-)
+from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, root_only_tree
+from specheads.decoding.prompt_lookup_drafter import LookupState, PromptLookupDrafter
 
 DEFAULT_LOOKUP_TOKENS = 5
 DEFAULT_LOOKUP_MIN_NGRAM = 2

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass
@@ -59,3 +62,47 @@ class GenerationResult:
     text: str
     token_ids: list[int]
     stats: GenerationStats
+
+
+class StepTimer:
+    """Splits one decode step's wall time into drafting (proposing, and the drafter's ``observe``) and verification
+    (one target forward); accept, commit and emitting are bookkeeping. On a GPU it waits for queued kernels at the
+    verification boundaries, so that each phase's time is its own."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        self.start = self.mark = self.end = 0.0
+        self.draft_s = self.verify_s = 0.0
+
+    def begin(self) -> None:
+        self.start = self.mark = time.perf_counter()
+        self.draft_s = self.verify_s = 0.0
+
+    def drafted(self) -> None:
+        self.sync()
+        self.draft_s += self._lap()
+
+    def verified(self) -> None:
+        self.sync()
+        self.verify_s += self._lap()
+
+    def committed(self) -> None:
+        self._lap()
+
+    def observed(self) -> None:
+        self.draft_s += self._lap()
+        self.end = self.mark
+
+    @property
+    def step_s(self) -> float:
+        """From ``begin`` to ``observed``: what draft backoff weighs a step by."""
+        return self.end - self.start
+
+    def add_to(self, stats: GenerationStats) -> None:
+        stats.draft_s += self.draft_s
+        stats.verify_s += self.verify_s
+
+    def _lap(self) -> float:
+        now = time.perf_counter()
+        elapsed, self.mark = now - self.mark, now
+        return elapsed

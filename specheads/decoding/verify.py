@@ -18,7 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specheads.decoding.kv_cache import commit_path, new_cache, window_start
 from specheads.decoding.tree import ancestor_matrix, tree_attention_mask
-from specheads.heads.tree_layers import GENERATE_INSTEAD, SLIDING, tree_obstacle
+from specheads.heads.tree_layers import SLIDING, sliding_windows, tree_obstacle
 
 
 @dataclass(frozen=True)
@@ -34,24 +34,22 @@ class AttentionLayout:
 def attention_layout(target: PreTrainedModel) -> AttentionLayout:
     """How ``target``'s layers attend, read from the cache transformers would build for it and its config.
 
-    Targets whose layers cannot take a tree at all (recurrent or chunked-attention layers: ``heads.tree_layers``)
-    are refused here, before anything is decoded."""
-    reason = tree_obstacle(target)
-    if reason is not None:
-        raise ValueError(f"{reason}. {GENERATE_INSTEAD}")
-    name = type(target).__name__
-    cache = DynamicCache(config=target.config)
+    Targets that cannot verify a tree at all (``heads.tree_layers.tree_obstacle``: the attention implementation,
+    recurrent or chunked-attention layers, mixed windows) are refused here, before anything is decoded."""
+    check_tree_capability(target)
     kinds = set(getattr(target.config.get_text_config(), "layer_types", None) or [])
-    windows = {int(layer.sliding_window) for layer in cache.layers if getattr(layer, "is_sliding", False)}
-    if len(windows) > 1:
-        raise ValueError(
-            f"{name}'s sliding-window layers have different windows ({sorted(windows)}); tree verification gives "
-            "every sliding layer one mask, so it needs one window. Decode this target with transformers' generate"
-        )
+    windows = sliding_windows(target)
     if not windows:
         return AttentionLayout()
     kinds = kinds or {SLIDING}
     return AttentionLayout(windows.pop(), tuple(sorted(kinds)) if len(kinds) > 1 else ())
+
+
+def check_tree_capability(target: PreTrainedModel) -> None:
+    """Refuse a target that cannot verify a tree, with the reason ``tree_obstacle`` gives (the one answer)."""
+    reason = tree_obstacle(target)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def windowed(mask: torch.Tensor, positions: torch.Tensor, prefix_len: int, window: int, start: int = 0) -> torch.Tensor:
@@ -131,7 +129,9 @@ _CHECKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {
 def check_tree_exactness(target: PreTrainedModel, layout: AttentionLayout) -> None:
     """Refuse a target whose forward over a tree is not its sequential forward (``tree_exactness_gap``), before
     anything is decoded: speculative decoding on it would not be lossless. Measured once per target, dtype and
-    device in a process."""
+    device in a process. The capability check (``tree_obstacle``) comes first: this probe is the second line of
+    defence, for what only a forward shows."""
+    check_tree_capability(target)
     dtype = target.get_input_embeddings().weight.dtype
     key = (dtype, str(target.device))
     gaps = _CHECKED.setdefault(target, {})

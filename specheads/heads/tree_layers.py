@@ -1,6 +1,7 @@
-"""Whether a target's layers can take a draft tree at all: read from the cache transformers builds for it, so
-training can say so before hours are spent on a head that specheads' decoder would refuse (decoding refuses such
-a target with the same reason)."""
+"""Whether a target can verify a draft tree, and why not: the one answer, ``tree_obstacle``, that every caller asks
+(the generator and its exactness probe, training's early warning). Read from the model's attention implementation,
+its forward and the cache transformers builds for it, so training can say so before hours are spent on a head that
+specheads' decoder would refuse (decoding refuses such a target with the same reason)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import warnings
 
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
+
+from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
 ATTENTION_CACHE_LAYERS = (DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__, DummyLayer.__name__)
@@ -19,13 +22,31 @@ GENERATE_INSTEAD = "Decode this target with transformers' generate"
 
 
 def tree_obstacle(target: PreTrainedModel) -> str | None:
-    """Why ``target``'s layers cannot verify a tree, or None when they all can.
+    """Why ``target`` cannot verify a tree, or None when it can: one line saying what was found, what is expected and
+    what to do.
+
+    Its attention implementation must apply the additive 4D tree mask as given (``sdpa`` or ``eager``); its sliding-
+    window layers, if any, must share one window (the verifier builds one mask for all of them).
 
     Only attention layers take a tree: a recurrent layer (linear attention, a state-space or convolution layer, as in
     Qwen3-Next, Jamba, LFM2, Falcon-H1) folds every node it is fed into one state, whatever the mask says, and that
     state cannot be cut back to the accepted path, nor can a compressed attention cache (DeepSeek-V4, HY-V4);
     chunked attention (Llama 4) needs a mask the verifier does not build; a model whose forward takes no ``cache``
     (RWKV, GPT-1) has no prefix cache to verify against."""
+    attention = getattr(target.config, "_attn_implementation", None)
+    if attention not in TREE_ATTENTION_IMPLEMENTATIONS:
+        return (
+            f"the target uses attn_implementation={attention!r}, which does not apply the additive 4D tree mask "
+            f"verification passes; expected one of {TREE_ATTENTION_IMPLEMENTATIONS}. Load it with "
+            "attn_implementation='sdpa' (or specheads.target.load_target), or call "
+            "target.set_attn_implementation('sdpa')"
+        )
+    reason = _layer_obstacle(target)
+    return None if reason is None else f"{reason}. {GENERATE_INSTEAD}"
+
+
+def _layer_obstacle(target: PreTrainedModel) -> str | None:
+    """Why ``target``'s layers cannot take a tree (without the advice), or None."""
     name = type(target).__name__
     if "cache" not in inspect.signature(type(target).forward).parameters:
         return (
@@ -48,7 +69,19 @@ def tree_obstacle(target: PreTrainedModel) -> str | None:
         return (
             f"{name} has layers of types {sorted(types)}; tree verification masks '{SLIDING}' and '{FULL}' layers only"
         )
+    windows = sliding_windows(target)
+    if len(windows) > 1:
+        return (
+            f"{name}'s sliding-window layers have different windows ({sorted(windows)}); tree verification gives "
+            "every sliding layer one mask, so it needs one window"
+        )
     return None
+
+
+def sliding_windows(target: PreTrainedModel) -> set[int]:
+    """The windows of ``target``'s sliding-window layers, as the cache transformers builds for it holds them."""
+    cache = DynamicCache(config=target.config)
+    return {int(layer.sliding_window) for layer in cache.layers if getattr(layer, "is_sliding", False)}
 
 
 def warn_if_trees_cannot_be_verified(target: PreTrainedModel) -> None:

@@ -144,15 +144,15 @@ def test_baselines_decode_the_models_own_distribution(tiny_llama):
     assert tiny_llama.generation_config is own and own.repetition_penalty == 1.3
 
 
-def test_transformers_methods_run_with_the_kernels_specheads_verifies_with(tiny_llama, monkeypatch):
+def test_transformers_methods_run_with_the_kernels_specheads_verifies_with(tiny_llama):
     """Where this machine measured the other matrix kernel faster for few-row products, transformers' prompt lookup
     and assisted generation get it as specheads' methods do (target and assistant alike, for the call only), so the
     comparison measures drafting, not kernels; their output is unchanged and the layers are restored after."""
     from specheads.bench.methods import hf_method
-    from specheads.decoding import cpu_kernels
+    from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
     from specheads.heads import DraftModel
 
-    monkeypatch.setattr(cpu_kernels, "faster_row_counts", lambda model, max_rows=64: frozenset(range(2, max_rows + 1)))
+    kernels = SmallBatchLinear(rows=range(2, 65))  # as if this machine measured every few-row count faster
     assistant = DraftModel.from_target(tiny_llama, 1).model.eval()
     ids = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(2))
     seen = []  # (model, several rows?, swapped?) for every linear layer call
@@ -170,13 +170,13 @@ def test_transformers_methods_run_with_the_kernels_specheads_verifies_with(tiny_
         if type(layer) is torch.nn.Linear
     ]
     stock = [
-        hf_method(name, tiny_llama, cpu_small_batch_linear=False, **options).run(ids, 16, 0.0, 0).token_ids
+        hf_method(name, tiny_llama, **options).run(ids, 16, 0.0, 0).token_ids
         for name, options in (("pl", {"prompt_lookup_num_tokens": 4}), ("as", {"assistant": assistant}))
     ]
     assert seen and not any(swapped for *_, swapped in seen)
     seen.clear()
     shared = [
-        hf_method(name, tiny_llama, **options).run(ids, 16, 0.0, 0).token_ids
+        hf_method(name, tiny_llama, kernels=kernels, **options).run(ids, 16, 0.0, 0).token_ids
         for name, options in (("pl", {"prompt_lookup_num_tokens": 4}), ("as", {"assistant": assistant}))
     ]
     for handle in handles:

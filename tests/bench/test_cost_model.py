@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.decoding.cost_curve import CostCurve
-from specheads.decoding.cost_model import (
+from specheads.decoding.draft import DraftTree
+from specheads.decoding.tuning.cost_curve import CostCurve
+from specheads.decoding.tuning.cost_model import (
     CalibrationStep,
     DraftCost,
     RankAcceptance,
@@ -16,7 +17,6 @@ from specheads.decoding.cost_model import (
     choose_lookup_solo,
     choose_tree,
 )
-from specheads.decoding.draft import DraftTree
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 # CPU-like: 64 nodes cost several times one step; GPU-like: flat until far past 64.
@@ -154,7 +154,7 @@ class WordTokenizer:
 
 
 def test_cost_curve_is_measured_once_and_cached(tiny_llama, tmp_path):
-    from specheads.decoding.cost_curve import load_or_measure_cost_curve
+    from specheads.decoding.tuning.cost_curve import load_or_measure_cost_curve
 
     curve = load_or_measure_cost_curve(tiny_llama, tmp_path, sizes=(1, 4), repeats=1)
     assert curve.sizes == [1, 4] and all(s > 0 for s in curve.seconds)
@@ -167,8 +167,8 @@ def test_cost_curve_is_measured_once_and_cached(tiny_llama, tmp_path):
 def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
     import torch
 
-    from specheads.decoding.drafters import auto_drafter
     from specheads.decoding.generator import SpeculativeGenerator
+    from specheads.decoding.tuning.auto_tree import auto_drafter
     from specheads.heads import MedusaConfig, MedusaHeads
 
     torch.manual_seed(0)
@@ -186,7 +186,7 @@ def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
     """A device where verifying a second token costs 50x the first: the auto tree is the root alone, no drafter."""
     import torch
 
-    from specheads.decoding.drafters import auto_drafter
+    from specheads.decoding.tuning.auto_tree import auto_drafter
     from specheads.heads import MedusaConfig, MedusaHeads
 
     torch.manual_seed(0)
@@ -199,9 +199,9 @@ def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
 
 
 def test_auto_solo_length_builds_a_lossless_branch_and_needs_an_auto_tree(tiny_llama):
-    from specheads.decoding.drafters import auto_drafter, fixed_drafter, with_lookup_branch
     from specheads.decoding.generator import SpeculativeGenerator
     from specheads.decoding.lookup_branch import LookupBranchDrafter
+    from specheads.decoding.tuning.auto_tree import auto_drafter, fixed_drafter, with_lookup_branch
     from specheads.heads import DraftModel
 
     torch.manual_seed(0)
@@ -241,7 +241,7 @@ class CharTokenizer(WordTokenizer):
 def test_cost_curve_is_keyed_by_the_architecture_not_the_folder_name(tmp_path):
     """Two folders with the same architecture share a curve; a folder overwritten with a bigger model (same name)
     is measured again instead of reusing the smaller one's timings."""
-    from specheads.decoding.cost_curve import load_or_measure_cost_curve
+    from specheads.decoding.tuning.cost_curve import load_or_measure_cost_curve
     from tests.tiny_models import make_tiny_llama
 
     small, copy, bigger = make_tiny_llama(), make_tiny_llama(seed=1), make_tiny_llama(num_layers=4)
@@ -259,7 +259,7 @@ def test_auto_tree_cache_entry_changes_when_the_target_folder_is_overwritten(tmp
     with other weights (same name, same architecture) gets a new entry; the same files keep theirs."""
     import os
 
-    from specheads.decoding.drafters import auto_tree_cache_path
+    from specheads.decoding.tuning.auto_tree import auto_tree_cache_path
     from specheads.heads import DraftModel
     from tests.tiny_models import make_tiny_llama
 
@@ -280,7 +280,7 @@ def test_auto_tree_cache_entry_changes_when_the_target_folder_is_overwritten(tmp
 def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_weights(tiny_llama, tmp_path):
     """``generate --tree auto``: calibrate on the built-in prompts, reuse the cached choice (whichever the measured
     costs made it), recalibrate on request or when the entry is damaged, a new entry when the head's weights change."""
-    from specheads.decoding.drafters import BUILTIN_CALIBRATION_PROMPTS, auto_tree_cache_path, auto_tree_drafter
+    from specheads.decoding.tuning.auto_tree import BUILTIN_CALIBRATION_PROMPTS, auto_tree_cache_path, auto_tree_drafter
     from specheads.heads import DraftModel, load_head
 
     head_dir, cache = tmp_path / "draft", tmp_path / "cache"
@@ -327,8 +327,8 @@ def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_w
 def test_an_unwritable_cache_costs_a_recalibration_not_the_generation(tiny_llama, tmp_path, caplog):
     """``generate --tree auto`` with a cache folder it cannot write (here a file stands where the folder should be;
     a read-only or full disk fails the same way): the tree is chosen and used, the user told it was not cached."""
-    from specheads.decoding.cost_curve import load_or_measure_cost_curve
-    from specheads.decoding.drafters import auto_tree_drafter
+    from specheads.decoding.tuning.auto_tree import auto_tree_drafter
+    from specheads.decoding.tuning.cost_curve import load_or_measure_cost_curve
     from specheads.heads import DraftModel, load_head
 
     head_dir, cache = tmp_path / "draft", tmp_path / "cache"
@@ -348,8 +348,8 @@ def test_auto_tree_caches_the_priced_lookup_solo_length_per_branch_size(tiny_lla
     is cached with the tree for that N; a cached tree without it (another N) is calibrated again."""
     import json
 
-    from specheads.decoding.drafters import auto_tree_cache_path, auto_tree_drafter
     from specheads.decoding.lookup_branch import LookupBranchDrafter
+    from specheads.decoding.tuning.auto_tree import auto_tree_cache_path, auto_tree_drafter
     from specheads.heads import DraftModel, load_head
 
     head_dir, cache = tmp_path / "draft", tmp_path / "cache"
@@ -394,7 +394,7 @@ def cached_choice(path):
 def test_bench_auto_tree_is_cached_for_generate(tiny_llama, tmp_path, monkeypatch):
     """The benchmark's auto choice (calibrated on its held-out questions) is what ``generate --tree auto`` reuses."""
     from specheads.bench.cli import BenchSettings, build_methods
-    from specheads.decoding.drafters import auto_tree_cache_path, auto_tree_drafter
+    from specheads.decoding.tuning.auto_tree import auto_tree_cache_path, auto_tree_drafter
     from specheads.heads import MedusaConfig, MedusaHeads, load_head
 
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
@@ -424,7 +424,7 @@ def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, mon
     import json
 
     from specheads.bench.cli import BenchSettings, build_methods
-    from specheads.decoding.drafters import auto_tree_cache_path, auto_tree_drafter
+    from specheads.decoding.tuning.auto_tree import auto_tree_cache_path, auto_tree_drafter
     from specheads.heads import DraftModel, load_head
 
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
@@ -457,7 +457,7 @@ def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, mon
 
 def test_auto_tree_of_a_hub_head_is_keyed_by_its_snapshot(tiny_llama, tmp_path, monkeypatch):
     """A head given as a Hub id is fingerprinted from its downloaded files, not from a folder that does not exist."""
-    from specheads.decoding.drafters import head_fingerprint
+    from specheads.decoding.tuning.auto_tree import head_fingerprint
     from specheads.heads import MedusaConfig, MedusaHeads
     from tests.tiny_models import in_local_hub_cache
 

@@ -11,11 +11,11 @@ import torch
 from transformers import BatchEncoding
 
 from specheads.decoding import build_drafter
-from specheads.decoding.cpu_kernels import small_batch_linear
-from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
+from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.heads import (
     EagleConfig,
     EagleDrafter,
@@ -156,18 +156,18 @@ def test_the_default_eagle_tree_on_a_cpu_warns(target):
 
 
 def test_overlapping_kernel_patches_restore_once(target):
-    """Two generate calls sharing a target (threads) overlap their patch blocks: the layers stay patched until the
-    last block ends, then are restored exactly once."""
+    """Two generate calls sharing a target and its kernel choice (threads) overlap their patch blocks: the layers
+    stay patched until the last block ends, then are restored exactly once."""
     layer = target.lm_head
-    rows = range(2, 9)  # forced: whether this CPU would swap any count is measured, and not the point here
-    first, second = small_batch_linear(target, rows=rows), small_batch_linear(target, rows=rows)
+    kernels = SmallBatchLinear(rows=range(2, 9))  # forced: whether this CPU would swap any count is not the point
+    first, second = kernels(target), kernels(target)
     first.__enter__()
     second.__enter__()
     first.__exit__(None, None, None)
     assert "forward" in layer.__dict__  # still in use by the second block
     second.__exit__(None, None, None)
     assert "forward" not in layer.__dict__
-    with small_batch_linear(target, rows=rows):  # and it patches again afterwards
+    with kernels(target):  # and it patches again afterwards
         assert "forward" in layer.__dict__
 
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from specheads.decoding.backoff import DraftBackoff
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.generator import SpeculativeGenerator
-from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.tuning.backoff import DraftBackoff
 from specheads.heads import DraftModel
 from tests.decoding.helpers import TinyTokenizer
 from tests.decoding.test_generator import DRAFTERS, PROMPT, tiny_drafters
@@ -81,3 +81,9 @@ def test_a_perfect_draft_model_stays_perfect_across_plain_steps(tiny_llama):
     assert result.stats.plain_steps == len([i for i in range(len(steps)) if i % 3]) > 3
     assert [n for i, n in enumerate(steps) if i % 3 == 0] == [3] * len(range(0, len(steps), 3))
     assert [n for i, n in enumerate(steps) if i % 3] == [0] * result.stats.plain_steps
+
+
+def test_backoff_takes_a_policy_object(tiny_llama):
+    """The core does not know the default policy (it lives in the tuning): a bare flag is refused with the fix."""
+    with pytest.raises(TypeError, match=r"backoff takes a draft policy, got True; pass .*DraftBackoff\(\)"):
+        SpeculativeGenerator(tiny_llama, TinyTokenizer(), backoff=True)

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from specheads.decoding.cli import generate_main
-from specheads.decoding.draft import MedusaDrafter
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
-from specheads.decoding.factory import build_drafter
-from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.head_drafter import build_drafter
+from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 
 pytestmark = pytest.mark.slow

@@ -3,13 +3,15 @@ for the row counts where it was measured faster on this machine."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specheads.decoding import cpu_kernels
-from specheads.decoding.cpu_kernels import ROW_BUCKETS, faster_row_counts, small_batch_linear
+from specheads.decoding.tuning import cpu_kernels
+from specheads.decoding.tuning.cpu_kernels import ROW_BUCKETS, SmallBatchLinear, small_batch_linear
 
 EVERY_COUNT = range(2, 65)
 
@@ -93,20 +95,39 @@ def test_only_the_row_counts_measured_faster_are_swapped(monkeypatch):
 
 
 def test_the_measurement_is_made_once_per_layer_shapes_and_thread_count(monkeypatch):
+    """A kernel choice remembers what it measured (on itself: a new choice measures again; no module-level state)."""
     calls = []
-    monkeypatch.setattr(cpu_kernels, "_MEASURED", {})
     monkeypatch.setattr(cpu_kernels, "_time_row_buckets", lambda layers: calls.append(len(layers)) or frozenset({2, 3}))
     model = nn.Sequential(*(nn.Linear(16, 16) for _ in range(6)))
-    assert faster_row_counts(model) == {2, 3} and faster_row_counts(model, max_rows=2) == {2}
-    assert faster_row_counts(nn.Sequential(*(nn.Linear(16, 16) for _ in range(6)))) == {2, 3}  # same shapes
-    assert calls == [2]  # a third of the layers, timed once
-    faster_row_counts(nn.Linear(16, 32))
-    assert calls == [2, 1]
-    assert faster_row_counts(nn.Linear(16, 16).to(torch.bfloat16)) == frozenset() and calls == [2, 1]
+    kernels = SmallBatchLinear()
+    assert kernels.faster_row_counts(model) == {2, 3} and SmallBatchLinear(max_rows=2).faster_row_counts(model) == {2}
+    assert calls == [2, 2]  # a third of the layers, once per choice
+    assert kernels.faster_row_counts(nn.Sequential(*(nn.Linear(16, 16) for _ in range(6)))) == {2, 3}  # same shapes
+    assert calls == [2, 2]
+    kernels.faster_row_counts(nn.Linear(16, 32))
+    assert calls == [2, 2, 1]
+    assert kernels.faster_row_counts(nn.Linear(16, 16).to(torch.bfloat16)) == frozenset() and calls == [2, 2, 1]
+    containers = (dict, set, list, weakref.WeakKeyDictionary)
+    constants = {name for name in vars(cpu_kernels) if name.isupper()}  # public, documented, never written
+    state = [
+        n for n, v in vars(cpu_kernels).items() if isinstance(v, containers) and n[:2] != "__" and n not in constants
+    ]
+    assert not state, f"module-level mutable state in cpu_kernels: {state}"
+
+
+def test_each_model_gets_its_own_rows_and_shared_layers_are_patched_once(monkeypatch):
+    """The generator enters ``kernels(target, *drafter modules)``: rows are measured per model's layer shapes, a layer
+    both models hold is patched by the first and restored once, at the end of the block."""
+    monkeypatch.setattr(cpu_kernels, "_time_row_buckets", lambda layers: frozenset({layers[0].in_features // 8}))
+    shared = nn.Linear(16, 16)
+    target, drafter = nn.Sequential(shared), nn.Sequential(shared, nn.Linear(32, 32))
+    with SmallBatchLinear()(target, drafter):
+        assert shared.forward.keywords["rows_to_swap"] == {2}
+        assert drafter[1].forward.keywords["rows_to_swap"] == {2}  # the drafter's shapes (16 and 32) measured as one
+    assert "forward" not in shared.__dict__ and "forward" not in drafter[1].__dict__
 
 
 def test_where_no_count_is_faster_nothing_is_patched(monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "_MEASURED", {})
     monkeypatch.setattr(cpu_kernels, "_time_row_buckets", lambda layers: frozenset())
     layer = nn.Linear(16, 16)
     with small_batch_linear(layer):
@@ -121,3 +142,34 @@ def test_a_real_measurement_returns_counts_in_range():
         set(range(low + 1, high + 1)) <= chosen or not chosen & set(range(low + 1, high + 1))
         for high, low in buckets.items()
     )  # whole buckets only
+
+
+def test_generate_enters_the_kernels_hook_with_the_target_and_the_drafter(tiny_llama):
+    """The caller opts in: the generator enters the hook it was given around each request, with the target and the
+    drafter's modules, and runs with stock kernels without one (the same tokens either way)."""
+    from specheads.decoding.draft_model_drafter import DraftModelDrafter
+    from specheads.decoding.generator import SpeculativeGenerator
+    from specheads.heads import DraftModel
+    from tests.decoding.helpers import TinyTokenizer
+
+    draft = DraftModel.from_target(tiny_llama, 1).eval()
+    drafter = DraftModelDrafter(draft, draft_length=3, min_length=3, max_length=3)
+    kernels = SmallBatchLinear(rows=range(2, 65))
+    entered = []
+
+    def hook(*models):
+        entered.append(models)
+        return kernels(*models)
+
+    patched = []
+    layer = tiny_llama.lm_head
+    handle = layer.register_forward_pre_hook(lambda module, args: patched.append("forward" in module.__dict__))
+    stock = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter).generate([1, 2, 3, 4], max_new_tokens=12)
+    assert patched and not any(patched)
+    patched.clear()
+    swapped = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter, kernels=hook).generate(
+        [1, 2, 3, 4], max_new_tokens=12
+    )
+    handle.remove()
+    assert entered == [(tiny_llama, draft.model)] and patched and all(patched)
+    assert swapped.token_ids == stock.token_ids and "forward" not in layer.__dict__

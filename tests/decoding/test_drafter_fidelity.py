@@ -13,10 +13,11 @@ import copy
 import pytest
 import torch
 
-from specheads.decoding.draft import MedusaDrafter, Sampling
+from specheads.decoding.draft import Sampling
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter
+from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.tree import DynamicTreeConfig, chain_tree, static_tree
 from specheads.heads import EAGLE_TOKEN_OFFSET, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, predicted_offset
 from specheads.training.losses import medusa_loss, ratios

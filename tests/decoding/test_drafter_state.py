@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from specheads.decoding.draft import PromptLookupDrafter, Sampling, lookup_match
+from specheads.decoding.draft import Sampling
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.kv_cache import crop_to
-from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter, lookup_match
 from specheads.decoding.tree import DynamicTreeConfig
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from specheads.decoding import verify
-from specheads.decoding.draft import MedusaDrafter
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.tree import static_tree
 from specheads.decoding.verify import attention_layout, tree_exactness_gap
 from specheads.heads import MedusaConfig, MedusaHeads

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter, Sampling
+from specheads.decoding.draft import Sampling
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter
-from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.medusa_drafter import MedusaDrafter
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer

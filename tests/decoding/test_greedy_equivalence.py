@@ -25,11 +25,12 @@ import pytest
 import torch
 from filelock import FileLock, Timeout
 
-from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter
-from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.medusa_drafter import MedusaDrafter
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
 from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from tests.decoding.planted import PlantedDrafter

@@ -10,8 +10,9 @@ import torch
 from transformers import DynamicCache, LlamaConfig
 
 from specheads.decoding import build_drafter
-from specheads.decoding.draft import DraftTree, PromptLookupDrafter
+from specheads.decoding.draft import DraftTree
 from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.verify import attention_layout, tree_exactness_gap
 from specheads.heads import (
     DraftModel,

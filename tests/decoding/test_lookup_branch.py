@@ -10,10 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.decoding.draft import DraftTree, MedusaDrafter, PromptLookupDrafter, Sampling
+from specheads.decoding.draft import DraftTree, Sampling
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter, first_choice_path, graft_chain
+from specheads.decoding.medusa_drafter import MedusaDrafter
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer

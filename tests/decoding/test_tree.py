@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specheads.decoding.factory import shipped_tree_names
+from specheads.decoding.head_drafter import shipped_tree_names
 from specheads.decoding.tree import (
     chain_tree,
     compile_tree,

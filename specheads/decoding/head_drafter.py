@@ -14,9 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specheads.decoding.draft import MedusaDrafter
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
-from specheads.decoding.model_draft import DraftModelDrafter
+from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.tree import TREE_FILE_KEY, DynamicTreeConfig, StaticTree, chain_tree, load_tree, static_tree
 
 if TYPE_CHECKING:

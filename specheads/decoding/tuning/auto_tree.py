@@ -2,7 +2,7 @@
 
 Tree settings (``--tree``): ``auto``, where the cost model (``cost_model``) picks size and depth for this device and
 this head, or any fixed setting (``chain:D``, ``dynamic:D,K,N`` for EAGLE, a tree file or name under
-``specheads/decoding/trees/`` for Medusa), built by ``factory.build_drafter``.
+``specheads/decoding/trees/`` for Medusa), built by ``head_drafter.build_drafter``.
 
 ``auto_drafter`` runs a short greedy calibration with a wide drafter, records which (depth, rank) guesses the target
 accepts and what drafting costs, and lets ``choose_tree`` pick the tree with the most expected tokens per second on
@@ -25,7 +25,15 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.decoding.cost_curve import (
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import Kernels, SpeculativeGenerator
+from specheads.decoding.head_drafter import build_drafter
+from specheads.decoding.lookup_branch import DEFAULT_LOOKUP_MIN_NGRAM, LOOKUP_MAX_NGRAM, LookupBranchDrafter
+from specheads.decoding.medusa_drafter import MedusaDrafter
+from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
+from specheads.decoding.tree import DynamicTreeConfig, static_tree
+from specheads.decoding.tuning.cost_curve import (
     CostCurve,
     architecture_digest,
     cache_file_name,
@@ -34,7 +42,7 @@ from specheads.decoding.cost_curve import (
     load_or_measure_cost_curve,
     write_cache_file,
 )
-from specheads.decoding.cost_model import (
+from specheads.decoding.tuning.cost_model import (
     CalibrationStep,
     DraftCost,
     RecordingDrafter,
@@ -42,13 +50,6 @@ from specheads.decoding.cost_model import (
     choose_lookup_solo,
     choose_tree,
 )
-from specheads.decoding.draft import MedusaDrafter, PromptLookupDrafter
-from specheads.decoding.eagle_draft import EagleTreeDrafter
-from specheads.decoding.factory import build_drafter
-from specheads.decoding.generator import SpeculativeGenerator
-from specheads.decoding.lookup_branch import DEFAULT_LOOKUP_MIN_NGRAM, LOOKUP_MAX_NGRAM, LookupBranchDrafter
-from specheads.decoding.model_draft import DraftModelDrafter
-from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.target import cache_root
 
 AUTO_TREE_VERSION = 1  # bump when what a cached choice means changes
@@ -117,11 +118,12 @@ def auto_drafter(
     curve: CostCurve,
     prompts: list[torch.Tensor],
     max_new_tokens: int = CALIBRATION_TOKENS,
+    kernels: Kernels | None = None,
 ) -> DrafterSpec:
     """Calibrate the head's per-(depth, rank) acceptance on ``prompts`` (greedy), then let the cost model choose."""
     wide, depth = calibration_drafter(head)
     recorder = RecordingDrafter(wide)
-    generator = SpeculativeGenerator(target, tokenizer, drafter=recorder, acceptance="greedy")
+    generator = SpeculativeGenerator(target, tokenizer, drafter=recorder, acceptance="greedy", kernels=kernels)
     draft_s = overhead_s = 0.0
     steps = 0
     sequences = []
@@ -305,6 +307,7 @@ def auto_tree_drafter(
     log: Any = print,
     lookup_branch: int = 0,
     lookup_solo: int | str | None = None,
+    kernels: Kernels | None = None,
 ) -> DrafterSpec:
     """The ``auto`` tree for a saved head: cached, or calibrated on ``BUILTIN_CALIBRATION_PROMPTS`` and cached;
     with ``lookup_branch`` > 0, with that lookup branch (``with_lookup_branch``). ``lookup_solo="auto"`` is priced on
@@ -312,7 +315,8 @@ def auto_tree_drafter(
     again (its calibration run is not kept).
 
     ``log`` receives one line per stage (the cost curve and the calibration take a while on first use).
-    ``cache_dir`` defaults to ``$SPECHEADS_CACHE`` or ``~/.cache/specheads``, as for ``specheads generate``."""
+    ``cache_dir`` defaults to ``$SPECHEADS_CACHE`` or ``~/.cache/specheads``, as for ``specheads generate``.
+    ``kernels``: the generator's (``SpeculativeGenerator(kernels=...)``), so that calibration times what it runs."""
     check_solo_length(lookup_solo)  # before the calibration, which takes a while
     cache_dir = cache_root() if cache_dir is None else cache_dir
     path = auto_tree_cache_path(cache_dir, head_dir, target)
@@ -327,11 +331,11 @@ def auto_tree_drafter(
         log(f"auto tree: timing the target on {device_label(target.device)} (cached after the first run)")
     else:
         log(f"auto tree: the target's cost curve on {device_label(target.device)}, cached in {curve_path}")
-    curve = load_or_measure_cost_curve(target, Path(cache_dir), refresh=recalibrate)
+    curve = load_or_measure_cost_curve(target, Path(cache_dir), refresh=recalibrate, kernels=kernels)
     encode = SpeculativeGenerator(target, tokenizer).encode
     prompts = [encode(text).view(-1) for text in BUILTIN_CALIBRATION_PROMPTS]
     log(f"auto tree: calibrating the head on {len(prompts)} built-in prompts ({CALIBRATION_TOKENS} tokens each)")
-    spec = auto_drafter(head, target, tokenizer, curve, prompts, CALIBRATION_TOKENS)
+    spec = auto_drafter(head, target, tokenizer, curve, prompts, CALIBRATION_TOKENS, kernels)
     assert spec.auto is not None
     priced: dict[int, int | None] = {}
     if lookup_branch:

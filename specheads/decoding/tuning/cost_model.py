@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from specheads.decoding.draft import lookup_match
 from specheads.decoding.lookup_branch import first_choice_path
+from specheads.decoding.prompt_lookup_drafter import lookup_match
 from specheads.decoding.tree import children_lists
 
 Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from specheads.decoding.cpu_kernels import small_batch_linear
+from specheads.decoding.generator import Kernels
 from specheads.decoding.kv_cache import crop_to, new_cache
 from specheads.decoding.tree import chain_parents
 from specheads.decoding.verify import attention_layout, verify_tree
@@ -102,7 +102,11 @@ def cache_file_name(*parts: object) -> str:
 
 @torch.inference_mode()
 def measure_cost_curve(
-    target: PreTrainedModel, sizes: Sequence[int] = COST_SIZES, prefix_len: int = 128, repeats: int = 3
+    target: PreTrainedModel,
+    sizes: Sequence[int] = COST_SIZES,
+    prefix_len: int = 128,
+    repeats: int = 3,
+    kernels: Kernels | None = None,
 ) -> CostCurve:
     """Time one chain verification of each size on top of a ``prefix_len`` cache.
 
@@ -116,7 +120,7 @@ def measure_cost_curve(
     cache, layout = new_cache(target), attention_layout(target)
     target(input_ids=prefix, cache=cache, use_cache=True)
     best = {n: float("inf") for n in sizes}
-    with small_batch_linear(target):  # the kernels SpeculativeGenerator verifies with
+    with kernels(target) if kernels is not None else contextlib.nullcontext():
         for attempt in range(repeats + 1):
             for n in sizes:
                 tokens = torch.randint(0, vocab, (n,), generator=generator).to(device)
@@ -146,13 +150,14 @@ def load_or_measure_cost_curve(
     refresh: bool = False,
     sizes: Sequence[int] = COST_SIZES,
     repeats: int = 3,
+    kernels: Kernels | None = None,
 ) -> CostCurve:
     """The cached curve for (device, architecture, dtype) under ``cache_dir``, measuring and caching it on first
     use, or again with ``refresh`` (a curve timed while the machine was busy)."""
     path = cost_curve_cache_path(target, cache_dir)
     if path.is_file() and not refresh:
         return CostCurve(**json.loads(path.read_text()))
-    curve = measure_cost_curve(target, sizes, repeats=repeats)
+    curve = measure_cost_curve(target, sizes, repeats=repeats, kernels=kernels)
     failed = write_cache_file(path, json.dumps(asdict(curve), indent=2))
     if failed:
         logger.warning(
