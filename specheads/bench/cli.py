@@ -44,6 +44,7 @@ from specheads.decoding.drafters import (
     remember_tree,
     with_lookup_branch,
 )
+from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
 from specheads.target import TargetLoadError, cache_root, resolve_device_dtype
@@ -79,6 +80,8 @@ class BenchSettings:
     lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
     lookup_solo: int | str | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches of
     # N tokens or more; "auto": N priced by the cost model on the auto tree's calibration
+    drafter_window: int = 0  # > 0: also run every EAGLE head as NAME+window, its drafter cache cut to sinks + N rows
+    drafter_sinks: int = 4
     progress: bool = True
 
 
@@ -165,6 +168,16 @@ def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) 
         "least N tokens (2 or 3) propose the lookup chain alone and the head sits out; auto (needs --tree auto): "
         "N, or never, as the cost model prices it on the calibration run",
     )
+
+    p.add_argument(
+        "--drafter-window",
+        type=int,
+        default=d.drafter_window,
+        metavar="N",
+        help="also run every EAGLE head as NAME+window, its drafter's own cache cut to the first --drafter-sinks and "
+        "the last N rows (lossless; 0 = off)",
+    )
+    p.add_argument("--drafter-sinks", type=int, default=d.drafter_sinks, help="with --drafter-window: rows kept first")
 
 
 def _solo_length(value: str) -> int | str:
@@ -273,6 +286,11 @@ def _head_methods(
     if settings.lookup_branch:
         branch = with_lookup_branch(spec, settings.lookup_branch)
         methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, f"{what} + lookup", curve))
+    if settings.drafter_window and spec.drafter is not None:
+        window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
+        cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto)
+        windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"
+        methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, curve))
     priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
     if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
         solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
@@ -390,6 +408,7 @@ def bench_main(argv: list[str] | None = None) -> int:
                 ("--backoff", args.backoff),
                 ("--lookup-branch", args.lookup_branch),
                 ("--lookup-solo", args.lookup_solo is not None),
+                ("--drafter-window", args.drafter_window),
                 ("--recalibrate", args.recalibrate),
             ]
             if value

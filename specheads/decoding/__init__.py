@@ -24,7 +24,7 @@ from specheads.decoding.draft import (
     Sampling,
 )
 from specheads.decoding.drafters import DrafterSpec, auto_tree_drafter
-from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.eagle_draft import DrafterWindow, EagleTreeDrafter, with_drafter_window
 from specheads.decoding.factory import build_drafter
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.kv_cache import commit_path
@@ -52,6 +52,7 @@ __all__ = [
     "DraftModelDrafter",
     "DraftTree",
     "DrafterSpec",
+    "DrafterWindow",
     "Drafter",
     "DynamicTreeConfig",
     "EagleTreeDrafter",
@@ -77,5 +78,6 @@ __all__ = [
     "load_tree",
     "static_tree",
     "verify_tree",
+    "with_drafter_window",
     "warp_logits_to_probs",
 ]
