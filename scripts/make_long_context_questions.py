@@ -80,7 +80,7 @@ def prompt_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
     return len(ids if isinstance(ids, list) else ids["input_ids"])
 
 
-def fit(tokenizer: PreTrainedTokenizerBase, document: str, render: Callable[[str], str], limit: int) -> str:
+def fit(tokenizer: PreTrainedTokenizerBase, document: str, render: Callable[..., str], limit: int) -> str:
     """``render(document=...)`` over the longest line-boundary prefix of ``document`` that fits ``limit`` tokens."""
     lines = document.splitlines()
     low, high = 0, len(lines)
