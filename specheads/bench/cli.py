@@ -33,6 +33,7 @@ from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_avai
 from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
 from specheads.decoding.cli import resolve_head_argument
+from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.decoding.generator import Kernels
 from specheads.decoding.tuning.auto_tree import (
     DrafterSpec,
@@ -140,6 +141,16 @@ def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) 
         "least N tokens (2 or 3) propose the lookup chain alone and the head sits out; auto (needs --tree auto): "
         "N, or never, as the cost model prices it on the calibration run",
     )
+
+    p.add_argument(
+        "--drafter-window",
+        type=int,
+        default=d.drafter_window,
+        metavar="N",
+        help="also run every EAGLE head as NAME+window, its drafter's own cache cut to the first --drafter-sinks and "
+        "the last N rows (lossless; 0 = off)",
+    )
+    p.add_argument("--drafter-sinks", type=int, default=d.drafter_sinks, help="with --drafter-window: rows kept first")
 
 
 def _solo_length(value: str) -> int | str:
@@ -260,6 +271,11 @@ def _head_methods(
         branch = with_lookup_branch(spec, settings.lookup_branch)
         what_branch = f"{what} + lookup"
         methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, what_branch, kernels, curve))
+    if settings.drafter_window and spec.drafter is not None:
+        window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
+        cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto)
+        windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"
+        methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, kernels, curve))
     priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
     if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
         solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
@@ -390,6 +406,7 @@ def bench_main(argv: list[str] | None = None) -> int:
                 ("--backoff", args.backoff),
                 ("--lookup-branch", args.lookup_branch),
                 ("--lookup-solo", args.lookup_solo is not None),
+                ("--drafter-window", args.drafter_window),
                 ("--recalibrate", args.recalibrate),
             ]
             if value

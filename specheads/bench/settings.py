@@ -37,4 +37,6 @@ class BenchSettings:
     lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
     lookup_solo: int | str | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches of
     # N tokens or more; "auto": N priced by the cost model on the auto tree's calibration
+    drafter_window: int = 0  # > 0: also run every EAGLE head as NAME+window, its drafter cache cut to sinks + N rows
+    drafter_sinks: int = 4
     progress: bool = True

@@ -20,7 +20,7 @@ from specheads.decoding.accept import (
 )
 from specheads.decoding.draft import Drafter, DraftTree, Sampling
 from specheads.decoding.draft_model_drafter import DraftModelDrafter
-from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.eagle_draft import DrafterWindow, EagleTreeDrafter, with_drafter_window
 from specheads.decoding.generator import DraftPolicy, Kernels, SpeculativeGenerator
 from specheads.decoding.head_drafter import build_drafter
 from specheads.decoding.kv_cache import commit_path
@@ -53,6 +53,7 @@ __all__ = [
     "DraftPolicy",
     "DraftTree",
     "DrafterSpec",
+    "DrafterWindow",
     "Drafter",
     "DynamicTreeConfig",
     "EagleTreeDrafter",
@@ -80,5 +81,6 @@ __all__ = [
     "load_tree",
     "static_tree",
     "verify_tree",
+    "with_drafter_window",
     "warp_logits_to_probs",
 ]

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.decoding.generator import ACCEPTANCE_RULES, Kernels, SpeculativeGenerator
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tuning.auto_tree import (
@@ -92,6 +93,15 @@ class GenerateArgs:
             "prices it on the calibration run (cached with the tree)"
         },
     )
+    drafter_window: int = field(
+        default=0,
+        metadata={
+            "help": "EAGLE heads: keep only the first --drafter-sinks and the last N rows in the drafter's own cache, "
+            "so its memory and time per step stay flat on long contexts (0 = every row; lossless either way: the "
+            "target verifies with its full cache)"
+        },
+    )
+    drafter_sinks: int = field(default=4, metadata={"help": "with --drafter-window: first rows always kept"})
 
 
 def generate_main(argv: list[str] | None = None) -> int:
@@ -116,6 +126,8 @@ def generate_main(argv: list[str] | None = None) -> int:
                 f"--lookup-solo auto is priced on the auto tree's calibration: it needs --tree auto, got --tree "
                 f"{args.tree or '(default)'}; or give the length (2 or 3)"
             )
+    if args.drafter_window and not args.head:
+        parser.error(f"--drafter-window {args.drafter_window} bounds an EAGLE head's cache: it needs --head")
     if (args.tree is not None or args.recalibrate) and not args.head:
         parser.error(f"--tree {args.tree} and --recalibrate need --head: they set how a head drafts")
     if args.acceptance == "greedy" and args.temperature > 0:
@@ -166,6 +178,12 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
     elif head_dir is not None:
         target, spec, adapted = _head_drafter(args, parser, head_dir, target, tokenizer, kernels)
+    if args.drafter_window and spec.drafter is not None:
+        try:
+            spec.drafter = with_drafter_window(spec.drafter, DrafterWindow(args.drafter_sinks, args.drafter_window))
+        except ValueError as error:
+            parser.error(f"--drafter-window: {error}")
+        spec.tree += f"; drafter cache: {args.drafter_sinks} sink + {args.drafter_window} recent rows"
     drafter = spec.drafter
     backoff = DraftBackoff() if args.backoff else None
     generator = SpeculativeGenerator(target, tokenizer, drafter, args.acceptance, kernels=kernels, backoff=backoff)

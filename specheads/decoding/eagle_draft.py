@@ -9,11 +9,18 @@ tree rows appended while drafting are dropped in ``observe``, and the accepted t
 
 That forward is deferred to the next ``propose``: steps that do not draft with the head (draft backoff, a prompt-
 lookup branch proposing alone) cost it nothing, and their rows are fed together when the head drafts again.
+
+With a ``DrafterWindow`` the drafter cache keeps only the first rows (attention sinks) and the most recent ones, as
+LongSpec's drafter does (https://arxiv.org/abs/2502.17421), so its memory and time per step stop growing with the
+context. Kept rows keep their true (rotary) positions. Only what the drafter sees changes: the target verifies with
+its full cache, so the output is the same, and only acceptance can move.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -24,6 +31,24 @@ from specheads.decoding.tree import DynamicTreeConfig, reindex_parents, select_d
 from specheads.heads import EagleDrafter
 
 
+@dataclass(frozen=True)
+class DrafterWindow:
+    """A bounded drafter cache: the first ``sinks`` committed rows and the ``recent`` latest ones. The cache holds at
+    most ``sinks + recent`` committed rows between steps (plus the current step's tree rows while drafting). Rows
+    are fed in chunks of at most ``recent``, each row seeing the sinks, the ``recent`` rows before its chunk and its
+    chunk's earlier rows, so neither a long prompt nor a step reads more than ``sinks + 2 * recent`` rows."""
+
+    sinks: int = 4
+    recent: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.sinks < 0 or self.recent < 1:
+            raise ValueError(
+                f"a drafter window keeps sinks >= 0 first rows and recent >= 1 latest rows; got sinks={self.sinks}, "
+                f"recent={self.recent}"
+            )
+
+
 @dataclass
 class EagleState:
     cache: DynamicCache  # drafter KV cache: one row per committed target position (root excluded)
@@ -32,7 +57,8 @@ class EagleState:
     root: int
     sampling: Sampling
     generator: torch.Generator | None
-    cache_len: int = 0  # committed rows; the cache may hold more (tree rows) between propose and observe
+    cache_len: int = 0  # committed rows (= the next row's position); the cache may hold more tree rows while drafting
+    evicted: int = 0  # committed rows a ``DrafterWindow`` dropped from the cache: it holds cache_len - evicted
     pending_tokens: list[torch.Tensor] = field(default_factory=list)  # fed tokens not yet run through the drafter
     pending_features: list[torch.Tensor] = field(default_factory=list)  # (1, m, H) fused target features of those
 
@@ -40,9 +66,13 @@ class EagleState:
 class EagleTreeDrafter:
     """Wraps an ``EagleDrafter`` head (v1 or v3). Token ids in the tree are target ids (mapped with ``d2t``)."""
 
-    def __init__(self, head: EagleDrafter, tree: DynamicTreeConfig | None = None) -> None:
+    def __init__(
+        self, head: EagleDrafter, tree: DynamicTreeConfig | None = None, window: DrafterWindow | None = None
+    ) -> None:
+        """``window``: keep only sink and recent rows in the drafter's cache (None: every committed row)."""
         self.head = head
         self.tree = tree or DynamicTreeConfig()
+        self.window = window
         self.layer_ids = list(head.layer_ids)
         self.target_vocab_size = head.config.target.vocab_size
 
@@ -62,7 +92,7 @@ class EagleTreeDrafter:
     def observe(self, state: EagleState, fed_tokens: torch.Tensor, hidden_states: HiddenStates, root: int) -> None:
         """Queue the newly committed rows (target feature at each fed position + the token after it); ``flush``
         feeds them."""
-        crop_to(state.cache, state.cache_len)  # drop the tree rows appended while drafting
+        crop_to(state.cache, state.cache_len - state.evicted)  # drop the tree rows appended while drafting
         state.pending_features.append(self.head.fuse(hidden_states))  # (1, m, H)
         state.pending_tokens.append(fed_tokens.view(-1))
         state.root = root
@@ -76,20 +106,41 @@ class EagleTreeDrafter:
         fed = torch.cat(state.pending_tokens).to(features.device)
         state.pending_features, state.pending_tokens = [], []
         next_tokens = torch.cat([fed[1:], fed.new_tensor([state.root])]).unsqueeze(0)  # (1, m)
-        committed = state.cache_len
-        positions = torch.arange(committed, committed + fed.numel(), device=features.device).unsqueeze(0)
-        # Only the last row's logits are used (the root's children): projecting every row onto the vocabulary
-        # would dominate the cost of a long prompt.
-        hidden, _ = self.head(features, next_tokens, positions, cache=state.cache, with_logits=False)
+        chunk = fed.numel() if self.window is None else self.window.recent
+        for start in range(0, fed.numel(), chunk):
+            end = min(start + chunk, fed.numel())
+            committed = state.cache_len
+            positions = torch.arange(committed, committed + end - start, device=features.device).unsqueeze(0)
+            # Only the last row's logits are used (the root's children): projecting every row onto the vocabulary
+            # would dominate the cost of a long prompt.
+            hidden, _ = self.head(
+                features[:, start:end], next_tokens[:, start:end], positions, cache=state.cache, with_logits=False
+            )
+            state.cache_len = committed + end - start
+            self._evict(state)
         state.hidden = hidden[:, -1:]
         state.logits = self.head.logits(state.hidden)[0, -1]
-        state.cache_len = committed + fed.numel()
+
+    def _evict(self, state: EagleState) -> None:
+        """With a window: drop the committed rows between the sinks and the recent ones from every cache layer."""
+        window = self.window
+        held = state.cache_len - state.evicted
+        if window is None or held <= window.sinks + window.recent:
+            return
+        for layer in state.cache.layers:
+            if layer.is_initialized and layer.keys is not None:
+                layer.keys = torch.cat([layer.keys[:, :, : window.sinks], layer.keys[:, :, -window.recent :]], dim=2)
+                layer.values = torch.cat(
+                    [layer.values[:, :, : window.sinks], layer.values[:, :, -window.recent :]], dim=2
+                )
+        state.evicted += held - window.sinks - window.recent
 
     def propose(self, state: EagleState) -> DraftTree:
         self.flush(state)
         cfg, sampling, head = self.tree, state.sampling, self.head
         device = state.logits.device
-        prefix = state.cache_len
+        prefix = state.cache_len  # the next row's position
+        held = state.cache_len - state.evicted  # committed rows in the cache, which every tree row sees
         # Candidates in creation order (root first): tokens, parents, cumulative draft log-prob scores.
         tokens, parents, scores = [torch.tensor([state.root], device=device)], [torch.tensor([-1], device=device)], []
         scores.append(torch.zeros(1, device=device))
@@ -114,7 +165,7 @@ class EagleTreeDrafter:
             all_tokens, all_parents = torch.cat(tokens), torch.cat(parents)
             visible = self._extend_visibility(visible, slot_of, nodes.tolist(), all_parents.tolist())
             new_rows = visible[-nodes.numel() :]  # (k', slots)
-            mask = _drafter_mask(new_rows, prefix, state.hidden.dtype)
+            mask = _drafter_mask(new_rows, held, state.hidden.dtype)
             positions = torch.full((1, nodes.numel()), prefix + depth - 2, device=device)
             hidden, logits = head(
                 parent_hidden[:, pick],
@@ -165,6 +216,22 @@ class EagleTreeDrafter:
             if node in q_rows:
                 out[row, self.head.d2t if self.head.version == 3 else slice(None)] = q_rows[node]
         return out
+
+
+def with_drafter_window(drafter: Any, window: DrafterWindow) -> Any:
+    """``drafter`` with its EAGLE drafter's cache bounded by ``window``; a wrapper (a lookup branch, whose ``inner``
+    drafter drafts the tree) gets a copy with a windowed inner drafter."""
+    if isinstance(drafter, EagleTreeDrafter):
+        return EagleTreeDrafter(drafter.head, drafter.tree, window)
+    inner = getattr(drafter, "inner", None)
+    if inner is None:
+        raise ValueError(
+            f"a drafter window bounds an EAGLE drafter's own cache; got {type(drafter).__name__}: use an EAGLE head, "
+            "or drop the window"
+        )
+    wrapped = copy.copy(drafter)
+    wrapped.inner = with_drafter_window(inner, window)
+    return wrapped
 
 
 def _drafter_mask(rows: torch.Tensor, prefix: int, dtype: torch.dtype) -> torch.Tensor:

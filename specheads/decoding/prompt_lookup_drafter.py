@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from specheads.decoding.draft import DraftTree, HiddenStates, Sampling
+from specheads.decoding.ngram_index import NgramIndex
 from specheads.decoding.tree import chain_parents
 
 
@@ -31,16 +32,19 @@ class PromptLookupDrafter:
         sampling: Sampling,
         generator: torch.Generator | None,
     ) -> LookupState:
-        return LookupState(context=prompt_ids.view(-1).tolist() + [root])
+        index = NgramIndex(self.max_ngram, self.min_ngram)
+        index.extend(prompt_ids.view(-1).tolist() + [root])
+        return LookupState(index)
 
     def observe(
         self, state: LookupState, fed_tokens: torch.Tensor, hidden_states: HiddenStates | None, root: int
     ) -> None:
-        state.context.extend(fed_tokens.view(-1).tolist()[1:] + [root])  # the old root is already in the context
+        state.index.extend(fed_tokens.view(-1).tolist()[1:] + [root])  # the old root is already in the context
 
     def continuation(self, state: LookupState) -> tuple[torch.Tensor, int]:
-        """The proposed tokens after the root (possibly none) and the length of the n-gram they matched (0: none)."""
-        return lookup_match(torch.tensor(state.context), self.num_tokens, self.max_ngram, self.min_ngram)
+        """The proposed tokens after the root (possibly none) and the length of the n-gram they matched (0: none);
+        ``lookup_match``'s answer, from the incremental index."""
+        return state.index.match(self.num_tokens)
 
     def propose(self, state: LookupState) -> DraftTree:
         tokens = torch.cat([torch.tensor(state.context[-1:]), self.continuation(state)[0]])
@@ -49,7 +53,11 @@ class PromptLookupDrafter:
 
 @dataclass
 class LookupState:
-    context: list[int] = field(default_factory=list)  # every committed token, ending with the root
+    index: NgramIndex  # every committed token, ending with the root, and where each n-gram of them last occurred
+
+    @property
+    def context(self) -> list[int]:
+        return self.index.tokens
 
 
 def lookup_match(context: torch.Tensor, num_tokens: int, max_ngram: int, min_ngram: int) -> tuple[torch.Tensor, int]:

@@ -87,6 +87,14 @@ class LossSection:
     input_noise: float = 0.0  # EAGLE-1: uniform noise U(-a, a) added to input features
     draft_labels: str = "soft"  # draft model: soft = distill the target's distribution; hard = the data tokens
     chain_depth: int = 5  # draft model: guesses per chain whose acceptance eval reports (eval/top1/step1..K, tau)
+    position_offset: int = 0
+    """EAGLE: LongSpec's anchor-offset position ids (https://arxiv.org/abs/2502.17421). In training, each sequence's
+    positions after its first ``anchor_tokens`` are shifted by a random offset drawn uniformly from
+    [0, position_offset], so a head trained on short sequences meets the large positions (and distances to the
+    first tokens) of long contexts. Keep position_offset + the longest sequence within the target's context.
+    0 = off: positions 0, 1, 2, ..."""
+    anchor_tokens: int = 4
+    """With ``position_offset``: the first tokens that keep their own positions (the anchor, as attention sinks)."""
 
 
 @dataclass
@@ -319,6 +327,8 @@ def _check_bounds(cfg: TrainConfig) -> None:
         "train.max_grad_norm": cfg.train.max_grad_norm,  # 0 = no clipping
         "lora.lr": cfg.lora.lr,
         "loss.input_noise": cfg.loss.input_noise,
+        "loss.position_offset": cfg.loss.position_offset,
+        "loss.anchor_tokens": cfg.loss.anchor_tokens,
     }
     for name, value in at_least_zero.items():
         if value < 0:

@@ -269,6 +269,7 @@ def eagle3_ttt_loss(
     t2d: torch.Tensor,
     steps: int,
     decay: float,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Stats]:
     """EAGLE-3 training-time test (https://arxiv.org/abs/2503.01840): unroll the drafter ``steps`` times.
 
@@ -278,11 +279,12 @@ def eagle3_ttt_loss(
     the target's greedy token lies inside the draft vocabulary; the acceptance statistics ``top1/step*`` count every
     trained position, those outside as misses, since decoding can never propose them. features (B, T, H) fused;
     ``target`` the target's distribution over its full vocabulary at all T positions; ``d2t`` (Vd,) / ``t2d`` (V,)
-    map draft <-> target ids.
+    map draft <-> target ids. ``positions`` (B, T-1): the rows' position ids at step 0 (step j adds j); None: 0, 1, ...
     """
     batch, length = input_ids.shape
     span = length - 1  # positions t = 0 .. T-2 have a next token at step 0
-    positions = torch.arange(span, device=input_ids.device).expand(batch, span)
+    rows = torch.arange(span, device=input_ids.device).expand(batch, span)
+    positions = rows if positions is None else positions
     target_draft_ids = t2d[target.argmax()]  # (B, T), -1 outside the draft vocabulary
     target = target.to_draft_vocab(d2t, t2d)
     hidden = features[:, :span]
@@ -292,7 +294,7 @@ def eagle3_ttt_loss(
         ids = shift_left(input_ids, 1 + j)[:, :span]
         mask = ttt_attention_mask(attention_mask[:, :span], j, hidden.dtype)
         hidden, _ = drafter(hidden, ids, positions + j, attention_mask=mask, cache=cache, with_logits=False)
-        trained = (positions + 1 + j < length) & shift_left(loss_mask, 1 + j)[:, :span].bool()
+        trained = (rows + 1 + j < length) & shift_left(loss_mask, 1 + j)[:, :span].bool()
         valid = trained & (shift_left(target_draft_ids, 1 + j, fill=-1)[:, :span] >= 0)
         # The inputs are the data's tokens, not the drafter's guesses, so logits are needed only where a loss is
         # taken: the draft lm_head on the valid rows (N, Vd) instead of every (padded) position.

@@ -118,6 +118,29 @@ class Medusa2Objective(nn.Module):
         return heads_loss + self.distill_weight * kl, {**stats, **kl_stats}
 
 
+def anchor_offset_positions(
+    batch: int, length: int, anchor_tokens: int, max_offset: int, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """(B, length) EAGLE training position ids: LongSpec's anchor-offset indices (https://arxiv.org/abs/2502.17421).
+    The first ``anchor_tokens`` keep positions 0, 1, ...; every later one is shifted by one offset per sequence,
+    uniform in [0, max_offset] (``max_offset`` 0: plain 0, 1, 2, ...)."""
+    positions = torch.arange(length, device=device).expand(batch, length)
+    if max_offset == 0:
+        return positions
+    offsets = torch.randint(0, max_offset + 1, (batch, 1), generator=generator).to(device)
+    return torch.where(positions < anchor_tokens, positions, positions + offsets)
+
+
+def training_positions(
+    module: nn.Module, loss: LossSection, seed: int, draw: int, batch: int, length: int, device: torch.device
+) -> torch.Tensor:
+    """An EAGLE objective's position ids: anchor-offset ones (``loss.position_offset``) while training, seeded by the
+    micro-batch's draw index (a resumed run draws the same offsets); plain ones in evaluation."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + draw + 1)
+    max_offset = loss.position_offset if module.training else 0
+    return anchor_offset_positions(batch, length, loss.anchor_tokens, max_offset, generator, device)
+
+
 class Eagle1Objective(nn.Module):
     """EAGLE-1: feature regression + token CE, with optional uniform input noise (https://arxiv.org/abs/2401.15077)."""
 
@@ -139,7 +162,7 @@ class Eagle1Objective(nn.Module):
             uniform = torch.rand(inputs.shape, generator=generator, device=inputs.device, dtype=inputs.dtype)
             inputs = inputs + (2 * uniform - 1) * noise
         length = inputs.shape[1]
-        positions = torch.arange(length, device=inputs.device).expand(inputs.shape[0], length)
+        positions = training_positions(self, self.loss_cfg, self.seed, draw, inputs.shape[0], length, inputs.device)
         mask = padding_causal_mask(batch["attention_mask"][:, :length], inputs.dtype)
         hidden, _ = self.head(inputs, batch["input_ids"][:, 1:], positions, attention_mask=mask, with_logits=False)
         target = target_distribution(features).narrow(1, length)  # the target at t+1 predicts token t+2
@@ -162,16 +185,19 @@ class Eagle3Objective(nn.Module):
 
     needs_logits = True
 
-    def __init__(self, head: EagleDrafter, loss: LossSection) -> None:
+    def __init__(self, head: EagleDrafter, loss: LossSection, seed: int = 0) -> None:
         super().__init__()
         self.head = head
         self.steps = loss.ttt_steps
         self.decay = loss.decay
+        self.loss_cfg, self.seed = loss, seed
 
     def forward(self, batch: dict[str, torch.Tensor], features: Any, draw: int) -> tuple[torch.Tensor, Stats]:
         fused = self.head.fuse(
             [None if h is None else h.to(_param_dtype(self.head)) for h in hidden_states_tuple(features.hidden_states)]
         )
+        batch_size, span = batch["input_ids"].shape[0], batch["input_ids"].shape[1] - 1
+        positions = training_positions(self, self.loss_cfg, self.seed, draw, batch_size, span, fused.device)
         return eagle3_ttt_loss(
             self.head,
             self.head.new_cache(),
@@ -184,6 +210,7 @@ class Eagle3Objective(nn.Module):
             self.head.t2d,
             self.steps,
             self.decay,
+            positions,
         )
 
 
@@ -270,7 +297,7 @@ def build_objective(
     if isinstance(head, MedusaHeads):
         return MedusaObjective(head, loss)
     if isinstance(head, EagleDrafter):
-        return Eagle1Objective(head, loss, seed) if head.version == 1 else Eagle3Objective(head, loss)
+        return Eagle1Objective(head, loss, seed) if head.version == 1 else Eagle3Objective(head, loss, seed)
     if isinstance(head, DraftModel):
         return DraftModelObjective(head, loss)
     raise TypeError(

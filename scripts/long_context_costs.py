@@ -1,0 +1,196 @@
+"""Per context length of the long-context set: what a speculative step costs, and what a head gains.
+
+For each question (``--per-length`` per length of `data/long_context/questions.jsonl`) the target prefills the
+prompt, then ``--steps`` speculative steps run by hand: the EAGLE drafter proposes a tree, the target verifies it
+with its full cache, and the root alone is committed (the step costs what any step costs; only acceptance differs).
+Measured per length, as medians over steps and prompts:
+- the target's verify cost per step (grows with its KV cache), and a plain one-token step for scale;
+- the drafter's time per step and its cache size, with every row and with a sink + recent window;
+- prompt lookup's cost per step: the incremental n-gram index against a rescan of the whole context;
+- with ``--head``: tau and speedup over ``generate`` of that head (and with the window). Without a head, a fresh
+  random EAGLE-3 head drafts: enough for the cost and memory columns, not for tau.
+
+    python scripts/long_context_costs.py [--head runs/eagle3] [--tree chain:3] [--per-length 1] [--steps 8]
+
+Prints a markdown table (and writes it, with the raw numbers, under ``--out``). Timings on a busy machine are noisy:
+say what else ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specheads.bench.calibration import render_prompt
+from specheads.bench.questions import load_questions, select_per_category
+from specheads.decoding import SpeculativeGenerator, build_drafter
+from specheads.decoding.draft import Sampling
+from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
+from specheads.decoding.kv_cache import commit_path, crop_to, new_cache
+from specheads.decoding.ngram_index import NgramIndex
+from specheads.decoding.prompt_lookup_drafter import lookup_match
+from specheads.decoding.verify import select_rows, verify_tree
+from specheads.heads import EagleConfig, EagleDrafter, load_head
+from specheads.target import load_target
+
+QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "long_context" / "questions.jsonl"
+
+
+def cache_mib(cache: Any) -> float:
+    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)) / 2**20
+
+
+def step_costs(model: Any, drafter: Any, ids: torch.Tensor, steps: int) -> dict[str, float]:
+    """Prefill, then ``steps`` propose -> verify -> commit-the-root steps; medians of their parts."""
+    layers = drafter.layer_ids
+    cache = new_cache(model)
+    out = model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, output_hidden_states=layers)
+    root = int(out.logits[0, -1].argmax())
+    start = time.perf_counter()
+    state = drafter.begin(ids.view(-1), out.hidden_states, root, Sampling(), None)
+    drafter.flush(state)
+    prefill_s = time.perf_counter() - start
+    draft, verify, plain = [], [], []
+    for _ in range(steps):
+        start = time.perf_counter()
+        tree = drafter.propose(state)
+        draft.append(time.perf_counter() - start)
+        prefix = cache.get_seq_length()
+        start = time.perf_counter()
+        checked = verify_tree(model, cache, tree.tokens, tree.parents, layers)
+        verify.append(time.perf_counter() - start)
+        crop_to(cache, prefix)
+        start = time.perf_counter()
+        verify_tree(model, cache, tree.tokens[:1], tree.parents[:1])  # a plain decoding step, for scale
+        plain.append(time.perf_counter() - start)
+        commit_path(cache, prefix, [0])
+        new_root = int(checked.logits[0].argmax())
+        drafter.observe(state, tree.tokens[:1], select_rows(checked.hidden_states, torch.tensor([0])), new_root)
+    drafter.flush(state)
+    return {
+        "verify_ms": 1e3 * statistics.median(verify),
+        "plain_step_ms": 1e3 * statistics.median(plain),
+        "draft_ms": 1e3 * statistics.median(draft),
+        "drafter_prefill_s": prefill_s,
+        "drafter_rows": state.cache.get_seq_length(),
+        "drafter_mib": cache_mib(state.cache),
+        "tree_nodes": tree.num_nodes,
+    }
+
+
+def lookup_costs(context: list[int], repeats: int = 50) -> dict[str, float]:
+    """One step of prompt lookup at this context: the index's update + match, and a rescan of the whole context."""
+    index = NgramIndex(3, 2)
+    index.extend(context[:-1])
+    start = time.perf_counter()
+    for _ in range(repeats):
+        index.extend(context[-1:])  # the committed token, then the match (the index grows by a token a repeat)
+        index.match(10)
+    indexed = (time.perf_counter() - start) / repeats
+    tensor = torch.tensor(context)
+    start = time.perf_counter()
+    for _ in range(max(repeats // 10, 1)):
+        lookup_match(tensor, 10, 3, 2)
+    rescan = (time.perf_counter() - start) / max(repeats // 10, 1)
+    return {"lookup_index_us": 1e6 * indexed, "lookup_rescan_us": 1e6 * rescan}
+
+
+def head_speed(model: Any, tokenizer: Any, drafter: Any, ids: torch.Tensor, new_tokens: int) -> dict[str, float]:
+    """tau and wall time of the head's speculative decoding, and of ``generate``, on one prompt (greedy)."""
+    prompt = ids.view(1, -1)
+    start = time.perf_counter()
+    model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, do_sample=False)
+    generate_s = time.perf_counter() - start
+    result = SpeculativeGenerator(model, tokenizer, drafter, acceptance="greedy").generate(
+        prompt, max_new_tokens=new_tokens
+    )
+    return {"tau": result.stats.tau, "speedup": generate_s / result.stats.total_s}
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    model, tokenizer = load_target(args.target)
+    torch.manual_seed(0)
+    head = load_head(args.head, model) if args.head else EagleDrafter(EagleConfig(version=3), model).eval()
+    full = build_drafter(head, args.tree)
+    windowed = with_drafter_window(full, DrafterWindow(args.sinks, args.window))
+    questions = select_per_category(load_questions(args.questions), args.per_length)
+    rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for question in questions:
+        ids = render_prompt(tokenizer, question.prompt, model.device).view(-1)
+        row: dict[str, float] = {"prompt_tokens": ids.numel()}
+        for label, drafter in (("", full), ("window_", windowed)):
+            row.update({f"{label}{k}": v for k, v in step_costs(model, drafter, ids, args.steps).items()})
+            if args.head:
+                speed = head_speed(model, tokenizer, drafter, ids, args.max_new_tokens)
+                row.update({f"{label}{k}": v for k, v in speed.items()})
+        row.update(lookup_costs(ids.tolist()))
+        rows[question.category].append(row)
+        print(f"{question.category} question {question.question_id}: {json.dumps(row)}", flush=True)
+    return rows
+
+
+COLUMNS = [
+    ("prompt tokens", "prompt_tokens", "{:.0f}"),
+    ("target verify ms/step", "verify_ms", "{:.1f}"),
+    ("plain step ms", "plain_step_ms", "{:.1f}"),
+    ("drafter ms/step", "draft_ms", "{:.1f}"),
+    ("drafter cache MiB", "drafter_mib", "{:.2f}"),
+    ("drafter ms/step, window", "window_draft_ms", "{:.1f}"),
+    ("drafter cache MiB, window", "window_drafter_mib", "{:.2f}"),
+    ("lookup us/step, index", "lookup_index_us", "{:.0f}"),
+    ("lookup us/step, rescan", "lookup_rescan_us", "{:.0f}"),
+    ("tau", "tau", "{:.2f}"),
+    ("tau, window", "window_tau", "{:.2f}"),
+    ("speedup", "speedup", "{:.2f}x"),
+    ("speedup, window", "window_speedup", "{:.2f}x"),
+]
+
+
+def markdown(rows: dict[str, list[dict[str, float]]]) -> str:
+    """One line per length: medians over its prompts (tau and speedup: "-" without a head)."""
+    lines = ["| length | " + " | ".join(name for name, _, _ in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for category, measured in rows.items():
+        cells = []
+        for _, key, form in COLUMNS:
+            values = [r[key] for r in measured if key in r]
+            cells.append(form.format(statistics.median(values)) if values else "-")
+        lines.append(f"| {category} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="smollm2-135m-instruct")
+    parser.add_argument("--questions", type=Path, default=QUESTIONS)
+    parser.add_argument("--head", default=None, help="a saved EAGLE head (default: a fresh random EAGLE-3 head)")
+    parser.add_argument("--tree", default="chain:3", help="the head's tree, as specheads generate --tree")
+    parser.add_argument("--per-length", type=int, default=1, help="questions per length")
+    parser.add_argument("--steps", type=int, default=8, help="measured steps per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="with --head: tokens for tau and speedup")
+    parser.add_argument("--window", type=int, default=256, help="the drafter window's recent rows")
+    parser.add_argument("--sinks", type=int, default=4, help="the drafter window's sink rows")
+    parser.add_argument("--out", type=Path, default=Path("runs/long_context_costs"))
+    args = parser.parse_args()
+    with torch.inference_mode():
+        rows = measure(args)
+    table = markdown(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "costs.json").write_text(
+        json.dumps(
+            {"settings": vars(args) | {"questions": str(args.questions), "out": str(args.out)}, "rows": rows}, indent=1
+        )
+    )
+    (args.out / "costs.md").write_text(table + "\n")
+    print(f"{torch.get_num_threads()} threads, tree {args.tree}, window {args.sinks} + {args.window} rows")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
