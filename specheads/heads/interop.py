@@ -20,7 +20,7 @@ checkpoints written in that format (by SpecForge or the EAGLE authors) as speche
 The target-feature layers are named differently by the two engines: vLLM's top-level
 ``eagle_aux_hidden_state_layer_ids`` index hidden states as transformers does (``hidden_states[i]`` = the input
 of layer i), SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` name the layer whose *output* is taken
-(one less). ``export_head(..., engine=)`` writes the key its engine reads.
+(one less). An EAGLE-3 export writes both, so one folder serves in either engine.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from specheads.heads.eagle import (
     EagleConfig,
     EagleDrafter,
     default_eagle3_layer_ids,
+    eagle3_layer_order_problem,
     llama_layer_config,
     llama_layer_settings,
 )
@@ -230,6 +231,11 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
     config["draft_vocab_size"] = head.draft_vocab_size
     layer_ids = list(head.layer_ids)
     layers = head.config.target.num_hidden_layers
+    if problem := eagle3_layer_order_problem(layer_ids):
+        raise ExportError(
+            f"this head was saved with {problem}. specheads still decodes with it; to serve it, retrain with "
+            f"head.options.layer_ids={sorted(set(layer_ids))} or another distinct ascending set (or the default)"
+        )
     if max(layer_ids) >= layers:
         raise ExportError(
             f"the engines capture EAGLE-3's features at the inputs of the target's layers 0..{layers - 1} "
@@ -243,13 +249,12 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
             "output they are, and vLLM's Llama forward adds the residual at layer 0's input before there is one. "
             f"Train with layer ids from 1 to {layers - 1} (the default, [2, N // 2, N - 3], is)"
         )
-    if engine == "vllm":
-        config["eagle_aux_hidden_state_layer_ids"] = layer_ids
-    else:
-        config["eagle_config"] = {
-            "use_aux_hidden_state": True,
-            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
-        }
+    # both engines' keys, so the folder serves in either: each falls back to its own default layers without its key
+    config["eagle_aux_hidden_state_layer_ids"] = layer_ids
+    config["eagle_config"] = {
+        "use_aux_hidden_state": True,
+        "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
+    }
     config["specheads"] = {"head_type": "eagle", "version": 3, "layer_ids": layer_ids}
     return config
 

@@ -69,7 +69,7 @@ def load_head(
         return head
     meta = _checked_head_config(raw, folder / CONFIG_NAME)
     head_cls = HEADS[meta["head_type"]]
-    config = head_cls.config_class.from_dict(meta["config"])
+    config = head_cls.config_class.from_saved(meta["config"])
     actual = TargetRecord.from_model(target)
     if getattr(target, ADAPTER_MARK, None) == str(adapter.resolve()):
         actual.weight_probe = []  # its own Medusa-2 adapter, merged: other weights by design; names decide

@@ -79,7 +79,7 @@ def _check_head_folder(folder: Path) -> None:
             "came from, or upload this folder with `hf upload`"
         )
     meta = read_head_config(folder)
-    HEADS[meta["head_type"]].config_class.from_dict(meta["config"])  # the values' types, as load_head reads them
+    HEADS[meta["head_type"]].config_class.from_saved(meta["config"])  # the values' types, as load_head reads them
     weights = [folder / WEIGHTS_NAME]
     if (folder / LORA_DIR).is_dir():
         weights.append(folder / LORA_DIR / ADAPTER_WEIGHTS_NAME)
