@@ -9,8 +9,8 @@ from typing import Any
 
 from huggingface_hub import HfApi, snapshot_download
 
-from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 from specheads.heads.card import public_name
+from specheads.heads.files import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 
 LORA_FILES = ("adapter_config.json", "adapter_model.safetensors")
 """A Medusa-2 LoRA adapter as peft saves and loads it (``peft.utils.constants`` ``CONFIG_NAME`` and

@@ -266,3 +266,19 @@ def test_push_without_a_network_says_to_check_it(tiny_llama, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "check the network connection (or HF_ENDPOINT)" in err
     assert "HF_HUB_OFFLINE" not in err
+
+
+def test_saving_the_card_and_the_hub_import_no_module_that_imports_them():
+    """base writes the card and pushes through hub; card and hub read file names from ``heads.files``. An import of
+    base from either (even inside a function or under TYPE_CHECKING) made a cycle that only lazy imports hid."""
+    import ast
+    import importlib
+
+    for name in ("card", "hub", "files"):
+        source = importlib.import_module(f"specheads.heads.{name}").__file__
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(open(source).read()))
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert not imported & {"specheads.heads.base", "specheads.heads.load", "specheads.heads"}, (name, imported)

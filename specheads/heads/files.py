@@ -1,0 +1,8 @@
+"""The file names of a head folder, in a module of their own so that every reader and writer (save, load, card, Hub)
+imports them without importing each other."""
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+CARD_NAME = "README.md"
+LORA_DIR = "lora"
+"""A Medusa-2 head's LoRA adapter for the target, in a folder beside the heads."""
