@@ -1,8 +1,9 @@
 """``specheads export HEAD OUT``: write a trained head in the format a serving engine loads (vLLM or SGLang).
 
-    specheads export runs/eagle3-smollm2-135m OUT [--engine vllm|sglang] [--dtype bfloat16] [--target NAME]
+    specheads export runs/eagle3-smollm2-135m OUT [--engine vllm|sglang|speculators] [--dtype bfloat16] [--target NAME]
 
-EAGLE-3 heads become the Llama EAGLE-3 draft checkpoint both engines read, Medusa heads vLLM's MedusaModel
+EAGLE-3 heads become the Llama EAGLE-3 draft checkpoint both engines read (or, with ``--engine speculators``, the
+speculators format that vLLM serves with ``vllm serve OUT``), Medusa heads vLLM's MedusaModel
 checkpoint, draft models a plain transformers folder (``specheads.heads.interop``). The command prints how to serve
 the result; the same lines go into ``OUT/README.md``.
 """
@@ -88,7 +89,9 @@ def serve_instructions(head: object, engine: str, target_name: str, out: str) ->
         method, steps = "draft_model", 4
     else:
         method, steps = "medusa", head.num_heads  # type: ignore[attr-defined]
-    if engine == "sglang":
+    if engine == "speculators":  # the folder names its target (the verifier): vLLM serves it on its own
+        command = f"vllm serve {out}"
+    elif engine == "sglang":
         algorithm = {"eagle3": "EAGLE3", "eagle": "EAGLE"}.get(method, "STANDALONE")
         command = (
             f"python -m sglang.launch_server --model-path {target_name} --speculative-algorithm {algorithm} "

@@ -57,8 +57,14 @@ from specheads.heads.export_checks import (
     check_reads_last_hidden_state,
 )
 from specheads.heads.medusa import MedusaHeads
+from specheads.heads.speculators_format import (
+    SPECULATORS_ENGINE,
+    as_engine_checkpoint,
+    is_speculators_checkpoint,
+    speculators_checkpoint,
+)
 
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", SPECULATORS_ENGINE)
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 """``architectures`` names of a Llama EAGLE-3 draft checkpoint; the first is what SpecForge and SGLang write."""
 
@@ -107,6 +113,8 @@ def export_head(
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
     config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
     config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for
+    if engine == SPECULATORS_ENGINE:
+        config, tensors = speculators_checkpoint(config, tensors, list(target.config.architectures or []))
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     safetensors.torch.save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -120,6 +128,11 @@ def serving_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The config and tensors ``export_head`` writes for an EAGLE head or Medusa heads, after every check that the
     engine computes what the head does; raises ``ExportError`` with the reason where it would not."""
+    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleDrafter) and head.version == 3):
+        raise ExportError(
+            f"the speculators format holds EAGLE-3 drafters here, not {type(head).__name__} (EAGLE-1 or Medusa); "
+            "use --engine vllm (or sglang for EAGLE-1)"
+        )
     if isinstance(head, EagleDrafter) and head.version == 1:
         config, tensors = _eagle1_checkpoint(head, target, engine)
     elif isinstance(head, EagleDrafter):
@@ -326,8 +339,11 @@ def _export_draft_model(
 
 
 def is_eagle3_checkpoint(meta: dict[str, Any]) -> bool:
-    """Whether a ``config.json`` describes a Llama EAGLE-3 draft checkpoint (SpecForge / vLLM / SGLang layout)."""
-    return any(arch in EAGLE3_ARCHITECTURES for arch in meta.get("architectures") or ())
+    """Whether a ``config.json`` describes a Llama EAGLE-3 draft checkpoint (SpecForge / vLLM / SGLang layout, or
+    the speculators format)."""
+    return is_speculators_checkpoint(meta) or any(
+        arch in EAGLE3_ARCHITECTURES for arch in meta.get("architectures") or ()
+    )
 
 
 def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -> EagleDrafter:
@@ -341,7 +357,7 @@ def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -
         pickles = sorted(p.name for p in folder.glob("*.bin"))
         hint = f"; found {pickles}, which specheads does not unpickle: convert them to safetensors" if pickles else ""
         raise HeadLoadError(f"{folder} has no {WEIGHTS_NAME}{hint}")
-    tensors = safetensors.torch.load_file(str(weights))
+    meta, tensors = as_engine_checkpoint(meta, safetensors.torch.load_file(str(weights)))
     # the engines' EAGLE-3 drafter is a Llama layer whatever the target, with the checkpoint's own settings
     layer = llama_layer_settings(LlamaConfig.from_dict(meta))
     config = EagleConfig(

@@ -514,3 +514,36 @@ def test_a_target_layer_that_does_not_export_points_to_the_llama_layer(tmp_path)
     target = tiny_named("qwen2")  # q/k/v biases: not a Llama layer
     with pytest.raises(ExportError, match="extra tensors .*Train the head with head.options.draft_layer=llama"):
         export_head(_eagle3_head(target), target, tmp_path / "out", engine="vllm")
+
+
+@pytest.mark.parametrize("draft_vocab", [32, 128])
+def test_speculators_export_names_its_verifier_and_loads_back(tmp_path, draft_vocab):
+    """``--engine speculators``: the config speculators and vLLM read (model type, the layer's LlamaConfig, the
+    verifier, the feature layers, norm_before_residual written as False since vLLM takes True when it is absent),
+    the engines' tensors under speculators' names, and the folder loads back as the same head."""
+    target = make_tiny_llama(num_layers=6)
+    target.config.architectures = ["LlamaForCausalLM"]
+    head = _eagle3_head(target, draft_vocab=draft_vocab)
+    export_head(head, target, tmp_path, engine="speculators")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4] and config["draft_vocab_size"] == draft_vocab
+    layer = config["transformer_layer_config"]
+    assert (layer["model_type"], layer["num_hidden_layers"], layer["vocab_size"], layer["hidden_size"]) == (
+        "llama",
+        1,
+        128,
+        64,
+    )
+    spec = config["speculators_config"]
+    assert spec["verifier"] == {"name_or_path": "tiny-random-llama", "architectures": ["LlamaForCausalLM"]}
+    assert spec["proposal_methods"][0]["proposal_type"] == spec["default_proposal_method"] == "greedy"
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert "layers.0.hidden_norm.weight" in tensors and not any(n.startswith("midlayer.") for n in tensors)
+    assert ("d2t" in tensors) == (draft_vocab < 128)  # speculators' full-vocabulary drafter has no maps
+    loaded = load_head(tmp_path, target)
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(_head_logits(loaded, target, ids), _head_logits(head, target, ids))
+    for other in (_eagle1_head(target, fc_bias=False), MedusaHeads(MedusaConfig(num_heads=2), target)):
+        with pytest.raises(ExportError, match="speculators format holds EAGLE-3 drafters"):
+            export_head(other, target, tmp_path / "other", engine="speculators")
