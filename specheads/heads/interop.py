@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from specheads.heads.eagle import (
     llama_layer_config,
     llama_layer_settings,
 )
+from specheads.heads.engine_targets import eagle3_target_warning
 from specheads.heads.export_checks import (
     ExportError,
     check_computes_as_llama,
@@ -110,6 +112,9 @@ def export_head(
     if isinstance(head, DraftModel):
         return _export_draft_model(head, out, dtype, tokenizer)
     config, tensors = serving_checkpoint(head, target, engine)
+    family = target.config.get_text_config().model_type
+    if isinstance(head, EagleDrafter) and head.version == 3 and (reason := eagle3_target_warning(engine, family)):
+        warnings.warn(reason, stacklevel=2)
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
     config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
     config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for

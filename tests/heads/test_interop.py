@@ -547,3 +547,25 @@ def test_speculators_export_names_its_verifier_and_loads_back(tmp_path, draft_vo
     for other in (_eagle1_head(target, fc_bias=False), MedusaHeads(MedusaConfig(num_heads=2), target)):
         with pytest.raises(ExportError, match="speculators format holds EAGLE-3 drafters"):
             export_head(other, target, tmp_path / "other", engine="speculators")
+
+
+def test_an_eagle3_export_for_a_family_the_engine_does_not_serve_warns_with_the_reason(tmp_path):
+    """vLLM's EAGLE-3 list has no Mistral (SGLang's Mistral class is Llama's and captures the layers): the export
+    still writes the files, and says which format would serve them. A Llama target exports without a word."""
+    import warnings
+
+    from specheads.heads.engine_targets import EAGLE3_TARGETS, serves_eagle3_beside
+
+    mistral = tiny_named("mistral")
+    head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), mistral).eval()
+    for engine in ("vllm", "speculators"):
+        with pytest.warns(UserWarning, match=r"vllm's EAGLE-3 support .* not 'mistral'.*The sglang format would serve"):
+            export_head(head, mistral, tmp_path / engine, engine=engine)
+        assert (tmp_path / engine / "model.safetensors").is_file()
+    llama = make_tiny_llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_head(EagleDrafter(EagleConfig(version=3), mistral).eval(), mistral, tmp_path / "sglang", engine="sglang")
+        export_head(EagleDrafter(EagleConfig(version=3), llama).eval(), llama, tmp_path / "llama", engine="vllm")
+    assert serves_eagle3_beside("vllm", "qwen3_moe") and not serves_eagle3_beside("sglang", "phi3")
+    assert set(EAGLE3_TARGETS) == {"vllm", "sglang"}
