@@ -245,7 +245,7 @@ SLIDING_TARGETS = {  # window 16; every layer sliding (Mistral), or sliding and 
     "mistral": dict(sliding_window=16),
     "qwen2": dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
     "gemma2": dict(sliding_window=16, head_dim=16, query_pre_attn_scalar=16, attn_logit_softcapping=50.0),
-    "gemma3_text": dict(sliding_window=16, head_dim=16, layer_types=["sliding_attention", "full_attention"]),
+    "gemma3_text": dict(sliding_window=16, head_dim=16, layer_types=["sliding_attention", "full_attention"] * 2),
 }
 
 
