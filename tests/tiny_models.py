@@ -14,7 +14,7 @@ TINY_FAMILY_CONFIG = dict(
     vocab_size=128,
     hidden_size=64,
     intermediate_size=128,
-    num_hidden_layers=2,
+    num_hidden_layers=4,
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=256,
@@ -23,7 +23,8 @@ TINY_FAMILY_CONFIG = dict(
     eos_token_id=2,
     pad_token_id=2,
 )
-"""The shared sizes of ``tiny_family`` models (hidden 64, 2 layers, vocabulary 128)."""
+"""The shared sizes of ``tiny_family`` models (hidden 64, vocabulary 128; 4 layers, the fewest EAGLE-3's three
+distinct default features come from)."""
 
 
 def tiny_family(model_type: str, attn: str = "eager", **options: object):
@@ -50,7 +51,7 @@ ARCHITECTURES = {
     # each branch scaled by 0.5 before the residual add; attention scaled by 0.1; embeddings and logits scaled
     "granite": dict(residual_multiplier=0.5, attention_multiplier=0.1, embedding_multiplier=2.0, logits_scaling=2.0),
     "olmo": dict(clip_qkv=1.0),  # non-parametric LayerNorm, clipped q/k/v
-    "smollm3": dict(no_rope_layers=[1, 0]),  # SmolLM3's pattern: some layers without rotary (NoPE)
+    "smollm3": dict(no_rope_layers=[1, 0, 1, 0]),  # SmolLM3's pattern: some layers without rotary (NoPE)
     "qwen3_moe": dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
     "seed_oss": dict(head_dim=16),  # q/k/v biases
     "arcee": {},  # ReLU^2 MLP without a gate
@@ -107,7 +108,7 @@ ARCHITECTURES = {
     "dbrx": dict(
         d_model=64,
         n_heads=4,
-        n_layers=2,
+        n_layers=4,
         attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
         ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2),
     ),
@@ -135,9 +136,10 @@ def tiny_named(name: str, attn: str = "eager"):
 
 
 def make_tiny_llama(
-    seed: int = 0, vocab_size: int = 128, num_layers: int = 2, tie_word_embeddings: bool = False
+    seed: int = 0, vocab_size: int = 128, num_layers: int = 4, tie_word_embeddings: bool = False
 ) -> LlamaForCausalLM:
-    """A tiny random Llama (hidden 64) that behaves like a real target: frozen, eval mode, sdpa attention."""
+    """A tiny random Llama (hidden 64; 4 layers, which EAGLE-3's default features need) that behaves like a real
+    target: frozen, eval mode, sdpa attention."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -174,7 +176,7 @@ def in_local_hub_cache(folder, repo_id: str, monkeypatch) -> str:
     return repo_id
 
 
-def save_tiny_target(out: Path, num_layers: int = 2, model_type: str = "llama", **config: object) -> Path:
+def save_tiny_target(out: Path, num_layers: int = 4, model_type: str = "llama", **config: object) -> Path:
     """A tiny random model (hidden 64; a Llama unless ``model_type`` names another family, with ``config`` for its
     own settings) with SmolLM2's tokenizer and chat template, saved to ``out`` so that it loads by path in any
     process (training launches, CLI runs)."""

@@ -16,13 +16,9 @@ from torch import nn
 from specheads import __version__
 from specheads.heads.card import ADAPTER_KEY, write_model_card
 from specheads.heads.config import FORMAT_VERSION, HeadConfig
+from specheads.heads.files import CHECKPOINT_STATE_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-LORA_DIR = "lora"  # a Medusa-2 head's adapter for the target, beside the heads
-CHECKPOINT_STATE_NAME = "trainer_state.json"
-"""The file that marks a training checkpoint folder (written last, so it marks a complete one); a folder with it and
-no ``config.json`` is a checkpoint given where a saved head belongs."""
+__all__ = ["CHECKPOINT_STATE_NAME", "CONFIG_NAME", "LORA_DIR", "WEIGHTS_NAME", "DraftHead", "make_readable"]
 
 
 def make_readable(path: Path) -> None:

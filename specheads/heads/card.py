@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
-
-if TYPE_CHECKING:
-    from specheads.heads.base import DraftHead
+from torch import nn
 
 # Hub ids of the built-in targets, so a card's ``base_model`` links to the real model page.
 BUILTIN_HUB_IDS = {"smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
@@ -58,7 +56,7 @@ def public_name(name_or_path: str) -> str:
     return _without_local_prefixes(name_or_path)
 
 
-def head_title(head: DraftHead, with_adapter: bool) -> str:
+def head_title(head: nn.Module, with_adapter: bool) -> str:
     """What the head is, by its paper's name ("EAGLE-3 draft head", "Medusa-2 heads")."""
     if head.head_type == "medusa":
         return "Medusa-2 heads" if with_adapter else "Medusa-1 heads"
@@ -69,7 +67,8 @@ def head_title(head: DraftHead, with_adapter: bool) -> str:
     return f"{head.head_type} draft head"
 
 
-def write_model_card(path: Path, head: DraftHead, card: dict[str, Any]) -> None:
+def write_model_card(path: Path, head: nn.Module, card: dict[str, Any]) -> None:
+    """The model card of a ``DraftHead`` (typed as a module: ``base`` imports this one, never the reverse)."""
     record = head.config.target
     with_adapter = bool(card.get(ADAPTER_KEY))
     data = ModelCardData(
@@ -128,7 +127,7 @@ def _summary(class_name: str, n_params: int, with_adapter: bool) -> list[str]:
     ]
 
 
-def _drafter_layer_line(head: DraftHead) -> list[str]:
+def _drafter_layer_line(head: nn.Module) -> list[str]:
     """An EAGLE head's decoder layer: the target's own class or a Llama layer (what the engines run)."""
     if head.head_type != "eagle":
         return []

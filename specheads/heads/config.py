@@ -148,6 +148,12 @@ class HeadConfig:
         is an error that ends with ``fix`` (what the user who wrote ``data`` should do)."""
         return _dataclass_from_dict(cls, data, where=cls.__name__, fix=fix)
 
+    @classmethod
+    def from_saved(cls, data: dict[str, Any]) -> HeadConfig:
+        """The config of a head saved to disk; a head type whose checks tightened over time overrides it to still
+        load what it saved before (``from_dict`` checks a config being written)."""
+        return cls.from_dict(data)
+
 
 def _dataclass_from_dict(cls: type, data: dict[str, Any], where: str, fix: str = FILE_FIX) -> Any:
     if not isinstance(data, dict):

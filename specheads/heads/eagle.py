@@ -42,17 +42,39 @@ EAGLE_TOKEN_OFFSET = 1
 """The drafter's position t reads the target feature at t and the token at t + 1, and predicts token t + 2."""
 
 
-def default_eagle3_layer_ids(num_hidden_layers: int) -> list[int]:
-    """HF ``hidden_states`` indices of the low/mid/high features EAGLE-3 fuses: {2, N//2, N-3}.
+MIN_EAGLE3_TARGET_LAYERS = 4
+"""The fewest target layers EAGLE-3's three features can come from: the serving engines capture the inputs of layers
+1..N-1 (index 0 is the embeddings, index N the output after the final norm), and three distinct ones need N >= 4."""
 
-    Clamped to [1, N - 1], the inputs of the target's layers after the first, which are what serving engines
-    capture (index N is the output after the final norm; index 0, the embeddings, SGLang cannot name and vLLM's
-    Llama forward meets before it has a residual), so that tiny test targets (N = 2) get indices that export too.
+
+def default_eagle3_layer_ids(num_hidden_layers: int) -> list[int]:
+    """HF ``hidden_states`` indices of the low/mid/high features EAGLE-3 fuses: {2, N//2, N-3}, as the EAGLE-3
+    reference and the engines default to, moved apart where they would meet (N < 10) so the three stay distinct,
+    ascending and in [1, N - 1], the layer inputs the engines capture (each listed layer once, in ascending order).
     """
     n = num_hidden_layers
-    top = max(n - 1, 0)
-    low = min(1, top)
-    return [max(low, min(2, top)), max(low, min(n // 2, top)), max(low, n - 3)]
+    if n < MIN_EAGLE3_TARGET_LAYERS:
+        raise HeadConfigError(
+            f"EAGLE-3 fuses three distinct layer inputs among 1..N-1 (what serving engines capture), so it needs a "
+            f"target with at least {MIN_EAGLE3_TARGET_LAYERS} layers; this one has {n}: pass explicit layer_ids "
+            f"(three distinct ascending indices in 0..{n}) for a head that is not exported, or use EAGLE-1 or Medusa"
+        )
+    low = min(2, n - 3)
+    mid = min(max(n // 2, low + 1), n - 2)
+    return [low, mid, min(max(n - 3, mid + 1), n - 1)]
+
+
+def eagle3_layer_order_problem(layer_ids: Sequence[int]) -> str | None:
+    """Why EAGLE-3 ``layer_ids`` would be misread by a serving engine, or None: vLLM and SGLang capture each listed
+    layer once, in ascending order, and concatenate them, so ids given unsorted or repeated feed ``fc`` other
+    features (or fewer) than the head was trained on."""
+    ids = list(layer_ids)
+    if ids == sorted(set(ids)):
+        return None
+    return (
+        f"EAGLE-3 layer_ids {ids} are not distinct and ascending; serving engines capture each listed layer once, in "
+        f"ascending order ({sorted(set(ids))}), so they would feed fc other features than the head was trained on"
+    )
 
 
 @dataclass
@@ -84,6 +106,23 @@ class EagleConfig(HeadConfig):
                 f"EagleConfig.draft_vocab_size={self.draft_vocab_size}: expected a token count >= 1, or unset for "
                 "the target's full vocabulary"
             )
+        if self.version == 3 and (problem := eagle3_layer_order_problem(self.layer_ids)):
+            raise HeadConfigError(
+                f"EagleConfig.{problem}: give three distinct indices in ascending order, e.g. "
+                f"{sorted(set(self.layer_ids))} (or leave layer_ids unset for the default)"
+            )
+
+    @classmethod
+    def from_saved(cls, data: dict[str, Any]) -> EagleConfig:
+        """A saved head's config: one whose EAGLE-3 ids are unsorted or repeated (saved before they were checked)
+        still loads, since specheads' own decoding reads them in the order saved; exporting it is refused."""
+        ids = data.get("layer_ids") if isinstance(data, dict) else None
+        legacy = isinstance(ids, list) and all(type(i) is int for i in ids) and data.get("version", 3) == 3
+        if not legacy or not eagle3_layer_order_problem(ids):
+            return cls.from_dict(data)
+        config = cls.from_dict({**data, "layer_ids": []})
+        config.layer_ids = list(ids)
+        return config
 
 
 def build_vocab_maps(

@@ -1,8 +1,9 @@
 """``specheads export HEAD OUT``: write a trained head in the format a serving engine loads (vLLM or SGLang).
 
-    specheads export runs/eagle3-smollm2-135m OUT [--engine vllm|sglang] [--dtype bfloat16] [--target NAME]
+    specheads export runs/eagle3-smollm2-135m OUT [--engine vllm|sglang|speculators] [--dtype bfloat16] [--target NAME]
 
-EAGLE-3 heads become the Llama EAGLE-3 draft checkpoint both engines read, Medusa heads vLLM's MedusaModel
+EAGLE-3 heads become the Llama EAGLE-3 draft checkpoint both engines read (or, with ``--engine speculators``, the
+speculators format that vLLM serves with ``vllm serve OUT``), Medusa heads vLLM's MedusaModel
 checkpoint, draft models a plain transformers folder (``specheads.heads.interop``). The command prints how to serve
 the result; the same lines go into ``OUT/README.md``.
 """
@@ -24,6 +25,7 @@ from specheads.heads.eagle import EagleDrafter
 from specheads.heads.hub import HubError
 from specheads.heads.interop import ENGINES, ExportError, export_head
 from specheads.heads.load import LORA_DIR, load_head, read_head_config, resolve_head_folder
+from specheads.heads.serving_card import serve_command
 
 DTYPES = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -109,14 +111,5 @@ def serve_instructions(head: object, engine: str, target_name: str, out: str) ->
         method, steps = "draft_model", 4
     else:
         method, steps = "medusa", head.num_heads  # type: ignore[attr-defined]
-    if engine == "sglang":
-        algorithm = {"eagle3": "EAGLE3", "eagle": "EAGLE"}.get(method, "STANDALONE")
-        command = (
-            f"python -m sglang.launch_server --model-path {target_name} --speculative-algorithm {algorithm} "
-            f"--speculative-draft-model-path {out} --speculative-num-steps {steps} --speculative-eagle-topk 4 "
-            "--speculative-num-draft-tokens 16"
-        )
-    else:
-        config = f'{{"method": "{method}", "model": "{out}", "num_speculative_tokens": {steps}}}'
-        command = f"vllm serve {target_name} --speculative-config '{config}'"
+    command = serve_command(method, steps, engine, target_name, out)
     return f"# Exported by specheads for {engine}\n\nServe it beside the target it was trained on:\n\n    {command}\n"

@@ -9,8 +9,8 @@ from typing import Any
 
 from huggingface_hub import HfApi, snapshot_download
 
-from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 from specheads.heads.card import public_name
+from specheads.heads.files import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 
 LORA_FILES = ("adapter_config.json", "adapter_model.safetensors")
 """A Medusa-2 LoRA adapter as peft saves and loads it (``peft.utils.constants`` ``CONFIG_NAME`` and
@@ -23,6 +23,11 @@ UPLOAD_PATTERNS = [CONFIG_NAME, WEIGHTS_NAME, "README.md", *(f"{LORA_DIR}/{name}
 DELETE_PATTERNS = [CONFIG_NAME, WEIGHTS_NAME, "README.md", f"{LORA_DIR}/*"]
 """What a push deletes from the repository when the folder does not upload it: a stale adapter would be applied to
 the target by everyone who downloads the head, and ``lora/`` holds nothing else of this head."""
+
+
+ENGINE_DELETE_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.jinja", f"{LORA_DIR}/*"]
+"""What pushing an engine's folder deletes from the repository when the folder does not have it: the files of an
+earlier head or export, which the engine would otherwise load beside this one."""
 
 
 class HubError(RuntimeError):
@@ -59,14 +64,17 @@ def push_folder(
     token: str | None = None,
     commit_message: str = "Upload specheads draft head",
     revision: str | None = None,
+    engine_folder: bool = False,
 ) -> str:
-    """Create ``repo_id`` if needed and upload the head folder; returns the commit URL.
+    """Create ``repo_id`` if needed and upload the head folder (or, ``engine_folder``, every file of a folder an
+    engine serves as it is); returns the commit URL.
 
     ``private=None`` leaves visibility to the Hub (a new repository follows its owner's default, an existing one
     keeps its own); ``True`` makes the repository private, an existing public one included; ``False`` creates a
     public one. ``revision`` names a branch, created from the default branch when missing. Files of an earlier head
     that this folder does not have (``DELETE_PATTERNS``) are deleted."""
-    files_to_upload(folder)
+    if not engine_folder:
+        files_to_upload(folder)
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
@@ -77,8 +85,8 @@ def push_folder(
         info = api.upload_folder(
             folder_path=str(folder),
             repo_id=repo_id,
-            allow_patterns=UPLOAD_PATTERNS,
-            delete_patterns=DELETE_PATTERNS,
+            allow_patterns=None if engine_folder else UPLOAD_PATTERNS,
+            delete_patterns=ENGINE_DELETE_PATTERNS if engine_folder else DELETE_PATTERNS,
             commit_message=commit_message,
             revision=revision,
         )

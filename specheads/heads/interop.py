@@ -20,7 +20,7 @@ checkpoints written in that format (by SpecForge or the EAGLE authors) as speche
 The target-feature layers are named differently by the two engines: vLLM's top-level
 ``eagle_aux_hidden_state_layer_ids`` index hidden states as transformers does (``hidden_states[i]`` = the input
 of layer i), SGLang's ``eagle_config.eagle_aux_hidden_state_layer_ids`` name the layer whose *output* is taken
-(one less). ``export_head(..., engine=)`` writes the key its engine reads.
+(one less). An EAGLE-3 export writes both, so one folder serves in either engine.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ from specheads.heads.eagle import (
     EagleConfig,
     EagleDrafter,
     default_eagle3_layer_ids,
+    eagle3_layer_order_problem,
     llama_layer_config,
     llama_layer_settings,
 )
+from specheads.heads.engine_targets import eagle3_target_warning
 from specheads.heads.export_checks import (
     ExportError,
     check_computes_as_llama,
@@ -56,8 +59,14 @@ from specheads.heads.export_checks import (
     check_reads_last_hidden_state,
 )
 from specheads.heads.medusa import MedusaHeads
+from specheads.heads.speculators_format import (
+    SPECULATORS_ENGINE,
+    as_engine_checkpoint,
+    is_speculators_checkpoint,
+    speculators_checkpoint,
+)
 
-ENGINES = ("vllm", "sglang")
+ENGINES = ("vllm", "sglang", SPECULATORS_ENGINE)
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 """``architectures`` names of a Llama EAGLE-3 draft checkpoint; the first is what SpecForge and SGLang write."""
 
@@ -103,9 +112,14 @@ def export_head(
     if isinstance(head, DraftModel):
         return _export_draft_model(head, out, dtype, tokenizer)
     config, tensors = serving_checkpoint(head, target, engine)
+    family = target.config.get_text_config().model_type
+    if isinstance(head, EagleDrafter) and head.version == 3 and (reason := eagle3_target_warning(engine, family)):
+        warnings.warn(reason, stacklevel=2)
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
     config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
     config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for
+    if engine == SPECULATORS_ENGINE:
+        config, tensors = speculators_checkpoint(config, tensors, list(target.config.architectures or []))
     out.mkdir(parents=True, exist_ok=True)
     (out / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     safetensors.torch.save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt"})
@@ -119,6 +133,11 @@ def serving_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The config and tensors ``export_head`` writes for an EAGLE head or Medusa heads, after every check that the
     engine computes what the head does; raises ``ExportError`` with the reason where it would not."""
+    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleDrafter) and head.version == 3):
+        raise ExportError(
+            f"the speculators format holds EAGLE-3 drafters here, not {type(head).__name__} (EAGLE-1 or Medusa); "
+            "use --engine vllm (or sglang for EAGLE-1)"
+        )
     if isinstance(head, EagleDrafter) and head.version == 1:
         config, tensors = _eagle1_checkpoint(head, target, engine)
     elif isinstance(head, EagleDrafter):
@@ -230,6 +249,11 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
     config["draft_vocab_size"] = head.draft_vocab_size
     layer_ids = list(head.layer_ids)
     layers = head.config.target.num_hidden_layers
+    if problem := eagle3_layer_order_problem(layer_ids):
+        raise ExportError(
+            f"this head was saved with {problem}. specheads still decodes with it; to serve it, retrain with "
+            f"head.options.layer_ids={sorted(set(layer_ids))} or another distinct ascending set (or the default)"
+        )
     if max(layer_ids) >= layers:
         raise ExportError(
             f"the engines capture EAGLE-3's features at the inputs of the target's layers 0..{layers - 1} "
@@ -243,13 +267,12 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
             "output they are, and vLLM's Llama forward adds the residual at layer 0's input before there is one. "
             f"Train with layer ids from 1 to {layers - 1} (the default, [2, N // 2, N - 3], is)"
         )
-    if engine == "vllm":
-        config["eagle_aux_hidden_state_layer_ids"] = layer_ids
-    else:
-        config["eagle_config"] = {
-            "use_aux_hidden_state": True,
-            "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
-        }
+    # both engines' keys, so the folder serves in either: each falls back to its own default layers without its key
+    config["eagle_aux_hidden_state_layer_ids"] = layer_ids
+    config["eagle_config"] = {
+        "use_aux_hidden_state": True,
+        "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
+    }
     config["specheads"] = {"head_type": "eagle", "version": 3, "layer_ids": layer_ids}
     return config
 
@@ -321,8 +344,11 @@ def _export_draft_model(
 
 
 def is_eagle3_checkpoint(meta: dict[str, Any]) -> bool:
-    """Whether a ``config.json`` describes a Llama EAGLE-3 draft checkpoint (SpecForge / vLLM / SGLang layout)."""
-    return any(arch in EAGLE3_ARCHITECTURES for arch in meta.get("architectures") or ())
+    """Whether a ``config.json`` describes a Llama EAGLE-3 draft checkpoint (SpecForge / vLLM / SGLang layout, or
+    the speculators format)."""
+    return is_speculators_checkpoint(meta) or any(
+        arch in EAGLE3_ARCHITECTURES for arch in meta.get("architectures") or ()
+    )
 
 
 def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -> EagleDrafter:
@@ -336,7 +362,7 @@ def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -
         pickles = sorted(p.name for p in folder.glob("*.bin"))
         hint = f"; found {pickles}, which specheads does not unpickle: convert them to safetensors" if pickles else ""
         raise HeadLoadError(f"{folder} has no {WEIGHTS_NAME}{hint}")
-    tensors = safetensors.torch.load_file(str(weights))
+    meta, tensors = as_engine_checkpoint(meta, safetensors.torch.load_file(str(weights)))
     # the engines' EAGLE-3 drafter is a Llama layer whatever the target, with the checkpoint's own settings
     layer = llama_layer_settings(LlamaConfig.from_dict(meta))
     config = EagleConfig(

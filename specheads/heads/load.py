@@ -62,7 +62,7 @@ def load_head(
         return head
     meta = _checked_head_config(raw, folder / CONFIG_NAME)
     head_cls = HEADS[meta["head_type"]]
-    config = head_cls.config_class.from_dict(meta["config"])
+    config = head_cls.config_class.from_saved(meta["config"])
     actual = TargetRecord.from_model(target)
     if not trainable and adapter is not None and not adapter_applied:
         warnings.warn(

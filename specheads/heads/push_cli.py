@@ -1,20 +1,28 @@
-"""``specheads push DIR REPO_ID``: upload a saved head folder (config, weights, card, LoRA adapter) to the Hub."""
+"""``specheads push DIR REPO_ID``: upload a saved head folder (config, weights, card, LoRA adapter) to the Hub.
+
+``--format vllm|sglang|speculators`` (or DIR written by ``specheads export``) uploads what that engine serves as it
+is instead, with a card holding the Hub metadata, the serve command and, from ``--bench-results``, measured speed."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-from specheads.heads.base import CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
-from specheads.heads.config import HeadConfigError, HeadLoadError
+from specheads.heads.config import HeadConfigError
+from specheads.heads.export_cli import export_main
+from specheads.heads.files import CARD_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 from specheads.heads.hub import HubError, files_to_upload, push_folder
-from specheads.heads.interop import is_eagle3_checkpoint
+from specheads.heads.interop import ENGINES, SGLANG_EAGLE1_ARCHITECTURE, is_eagle3_checkpoint
 from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, required_adapter, safetensors_header
+from specheads.heads.serving_card import write_serving_card
+from specheads.heads.speculators_format import is_speculators_checkpoint
 
 
 def push_main(argv: list[str] | None = None) -> int:
@@ -32,25 +40,40 @@ def push_main(argv: list[str] | None = None) -> int:
         "--revision", help="push to this branch (created from the default branch when missing) instead of main"
     )
     parser.add_argument("--dry-run", action="store_true", help="check the folder and list what would be uploaded")
+    parser.add_argument(
+        "--format",
+        choices=("specheads", *ENGINES),
+        default=None,
+        help="specheads (a head folder, the default) or an engine's format: the repository then holds what that "
+        "engine serves as it is (an export folder is pushed in its own format)",
+    )
+    parser.add_argument("--bench-results", help="a `specheads bench` results.json: its tau and speedup go on the card")
+    parser.add_argument("--target", help="for --format: the target (default: the one the head's config records)")
     args = parser.parse_args(argv)
-    try:
-        validate_repo_id(args.repo_id)
-        _check_head_folder(Path(args.folder))
-        files = files_to_upload(args.folder)
-    except (FileNotFoundError, RuntimeError, HFValidationError, HeadConfigError) as err:
-        print(f"specheads push: {err}", file=sys.stderr)
-        return 2
+    with tempfile.TemporaryDirectory() as stage:
+        try:
+            validate_repo_id(args.repo_id)
+            folder, engine = _folder_to_push(args, Path(stage))
+            files = files_to_upload(folder) if engine is None else sorted(p.name for p in folder.iterdir())
+        except (FileNotFoundError, RuntimeError, HFValidationError, HeadConfigError, ValueError) as err:
+            print(f"specheads push: {err}", file=sys.stderr)
+            return 2
+        return _push(args, folder, files, engine)
+
+
+def _push(args: argparse.Namespace, folder: Path, files: list[str], engine: str | None) -> int:
     where = args.repo_id + (f" (branch {args.revision})" if args.revision else "")
     print(f"would upload to {where}: " + ", ".join(files) if args.dry_run else f"uploading {len(files)} files")
     if args.dry_run:
         return 0
     try:
         url = push_folder(  # token: from `hf auth login` / HF_TOKEN
-            args.folder,
+            folder,
             args.repo_id,
             private=True if args.private else None,
             commit_message=args.commit_message,
             revision=args.revision,
+            engine_folder=engine is not None,
         )
     except HubError as err:
         print(f"specheads push: {err}", file=sys.stderr)
@@ -59,27 +82,65 @@ def push_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _check_head_folder(folder: Path) -> None:
-    """A specheads head folder, not a missing one nor what ``specheads export`` writes from it."""
+def _folder_to_push(args: argparse.Namespace, stage: Path) -> tuple[Path, str | None]:
+    """The folder to upload and its engine (None for a specheads head folder): an export folder as it is, a head
+    folder as it is or, with ``--format ENGINE``, exported into ``stage``; an engine's folder gets its card."""
+    folder = Path(args.folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} {'is a file' if folder.exists() else 'does not exist'}")
+    engine = exported_engine(folder)
+    if engine is None and args.format in (None, "specheads"):
+        if args.bench_results:
+            raise ValueError("--bench-results goes on an engine's card: add --format vllm|sglang|speculators")
+        _check_head_folder(folder)
+        return folder, None
+    meta = json.loads((folder / CONFIG_NAME).read_text())
+    if engine is not None:  # an export folder: pushed in its own format, with a card
+        if args.format not in (None, "specheads", engine):
+            raise ValueError(f"{folder} is a {engine} export; push it without --format, or export the head again")
+        target_name = args.target or _exported_target(meta)
+        out, head_card = stage / "repo", None
+        shutil.copytree(folder, out, ignore=shutil.ignore_patterns(".*"))
+    else:
+        _check_head_folder(folder)
+        engine, out = args.format, stage / "repo"
+        target_name = args.target or read_head_config(folder)["config"]["target"]["name_or_path"]
+        export_argv = [str(folder), str(out), "--engine", engine, *(["--target", args.target] if args.target else [])]
+        if export_main(export_argv) != 0:
+            raise ValueError(f"could not export {folder} for {engine} (the reason is above)")
+        head_card = (folder / CARD_NAME).read_text() if (folder / CARD_NAME).is_file() else None
+    write_serving_card(out, engine, target_name, args.repo_id, args.bench_results, head_card)
+    return out, engine
+
+
+def exported_engine(folder: Path) -> str | None:
+    """The engine format of a folder ``specheads export`` wrote, or None for anything else (a head folder)."""
     path = folder / CONFIG_NAME
     try:
         raw = json.loads(path.read_text()) if path.is_file() else None
     except json.JSONDecodeError:
-        raw = None  # read_head_config says what is wrong with it
-    if isinstance(raw, dict) and "head_type" not in raw:
-        # export's own record (EAGLE, Medusa), a transformers model's (a draft model), an EAGLE-3 engine layout
-        exported = "specheads" in raw or "architectures" in raw or is_eagle3_checkpoint(raw)
-    else:
-        exported = False
-    if exported:
-        raise HeadLoadError(
-            f"{folder}: this is an engine checkpoint written by `specheads export`; push the specheads head folder it "
-            "came from, or upload this folder with `hf upload`"
-        )
+        return None  # read_head_config says what is wrong with it
+    if not isinstance(raw, dict) or "head_type" in raw:
+        return None
+    if is_speculators_checkpoint(raw):
+        return "speculators"
+    if "specheads" in raw or "architectures" in raw or is_eagle3_checkpoint(raw):
+        return "sglang" if SGLANG_EAGLE1_ARCHITECTURE in (raw.get("architectures") or ()) else "vllm"
+    return None
+
+
+def _exported_target(meta: dict) -> str:
+    verifier = (meta.get("speculators_config") or {}).get("verifier") or {}
+    name = verifier.get("name_or_path") or meta.get("base_model_name_or_path") or meta.get("_name_or_path")
+    if not name:
+        raise ValueError("the export does not name its target: pass --target")
+    return str(name)
+
+
+def _check_head_folder(folder: Path) -> None:
+    """A specheads head folder whose config and weights load."""
     meta = read_head_config(folder)
-    HEADS[meta["head_type"]].config_class.from_dict(meta["config"])  # the values' types, as load_head reads them
+    HEADS[meta["head_type"]].config_class.from_saved(meta["config"])  # the values' types, as load_head reads them
     weights = [folder / WEIGHTS_NAME]
     if required_adapter(folder, meta) is not None:  # a Medusa-2 head without its lora/ folder is not published
         weights.append(folder / LORA_DIR / ADAPTER_WEIGHTS_NAME)

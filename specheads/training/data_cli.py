@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from specheads.heads import default_eagle3_layer_ids
+from specheads.heads.eagle import MIN_EAGLE3_TARGET_LAYERS
 from specheads.training.data import FORMATS, DataConfig, DataError, build_datasets
 
 # Spec-Bench's questions as shipped in the repository (see data/README.md).
@@ -132,7 +133,10 @@ def _float(text: str) -> float:
 
 
 def default_cache_layer_ids(num_hidden_layers: int) -> list[int]:
-    """What every head type reads: EAGLE-3's low/mid/high features and the last hidden state (EAGLE-1, Medusa)."""
+    """What every head type reads: EAGLE-3's low/mid/high features (on a target deep enough for them) and the last
+    hidden state (EAGLE-1, Medusa)."""
+    if num_hidden_layers < MIN_EAGLE3_TARGET_LAYERS:
+        return [num_hidden_layers]
     return sorted({*default_eagle3_layer_ids(num_hidden_layers), num_hidden_layers})
 
 

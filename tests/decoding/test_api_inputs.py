@@ -94,10 +94,10 @@ def test_attention_without_tree_masks_is_refused(target):
 LINEAR = dict(linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
 LAYERS_WITHOUT_TREES = {  # family: (its options, what the refusal names)
     "qwen3_next": (
-        dict(head_dim=16, num_experts=0, layer_types=["linear_attention", "full_attention"], **LINEAR),
+        dict(head_dim=16, num_experts=0, layer_types=["linear_attention", "full_attention"] * 2, **LINEAR),
         "LinearAttentionLayer",
     ),
-    "lfm2": (dict(layer_types=["conv", "full_attention"]), "LinearAttentionLayer"),
+    "lfm2": (dict(layer_types=["conv", "full_attention"] * 2), "LinearAttentionLayer"),
     "falcon_h1": ({}, "LinearAttentionAndFullAttentionLayer"),
     "jamba": ({}, "LinearAttentionLayer"),
     "deepseek_v4": ({}, "DeepseekV4HCACache.*compressed or indexed attention caches"),  # compressed attention
@@ -108,7 +108,7 @@ LAYERS_WITHOUT_TREES = {  # family: (its options, what the refusal names)
         dict(
             head_dim=16,
             attention_chunk_size=8,
-            layer_types=["chunked_attention", "full_attention"],
+            layer_types=["chunked_attention", "full_attention"] * 2,
             num_local_experts=1,
             interleave_moe_layer_step=1,
         ),

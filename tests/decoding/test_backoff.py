@@ -72,7 +72,10 @@ def test_a_perfect_draft_model_stays_perfect_across_plain_steps(tiny_llama):
     """A draft model that is the whole target guesses every token; after plain steps its cache must still hold
     exactly the committed tokens, or its guesses would start to miss."""
     perfect = DraftModelDrafter(
-        DraftModel.from_target(tiny_llama, 2).eval(), draft_length=3, min_length=3, max_length=3
+        DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).eval(),
+        draft_length=3,
+        min_length=3,
+        max_length=3,
     )
     result = SpeculativeGenerator(tiny_llama, TinyTokenizer(), perfect, backoff=EveryThirdStep()).generate(
         PROMPT, max_new_tokens=40

@@ -181,7 +181,7 @@ def test_an_accepting_drafter_stops_at_the_last_position_of_the_context(tiny_lla
     and decoding stops after position 511 with generate's tokens."""
     prompt = torch.randint(0, 128, (497,), generator=torch.Generator().manual_seed(1))
     expected = greedy_continuation(tiny_llama, prompt, 512 - 497 + 1)  # the last one from position 511's logits
-    whole_target = DraftModel.from_target(tiny_llama, 2).eval()
+    whole_target = DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).eval()
     perfect = DraftModelDrafter(whole_target, draft_length=3, min_length=3, max_length=3)
     ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), perfect).generate(prompt, max_new_tokens=40)
     assert ours.token_ids == expected and ours.stats.stop_reason == "context_full"
@@ -211,7 +211,7 @@ def test_a_draft_model_with_a_shorter_context_than_the_target_shortens_its_chain
     the target's. The whole target as draft model gets every draft accepted, so the lengths show the cut."""
     prompt = torch.randint(0, 128, (480,), generator=torch.Generator().manual_seed(1))
     expected = greedy_continuation(tiny_llama, prompt, 512 - 480 + 1)
-    whole_target = DraftModel.from_target(tiny_llama, 2).eval()
+    whole_target = DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).eval()
     whole_target.model.config.max_position_embeddings = 490
     perfect = DraftModelDrafter(whole_target, draft_length=3, min_length=3, max_length=3)
     ours = SpeculativeGenerator(tiny_llama, TinyTokenizer(), perfect).generate(prompt, max_new_tokens=40)
@@ -247,7 +247,7 @@ SLIDING_TARGETS = {  # window 16; every layer sliding (Mistral), or sliding and 
     "mistral": dict(sliding_window=16),
     "qwen2": dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
     "gemma2": dict(sliding_window=16, head_dim=16, query_pre_attn_scalar=16, attn_logit_softcapping=50.0),
-    "gemma3_text": dict(sliding_window=16, head_dim=16, layer_types=["sliding_attention", "full_attention"]),
+    "gemma3_text": dict(sliding_window=16, head_dim=16, layer_types=["sliding_attention", "full_attention"] * 2),
 }
 
 

@@ -354,7 +354,9 @@ def test_a_multimodal_gemma3_decodes_text_past_its_window_with_every_head():
     target's own greedy output."""
     from transformers import Gemma3Config
 
-    text = dict(TINY_FAMILY_CONFIG, head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    text = dict(
+        TINY_FAMILY_CONFIG, head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"] * 2
+    )
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28)
     config = Gemma3Config(
         text_config=text, vision_config={**vision, "patch_size": 14}, mm_tokens_per_image=4, image_token_index=127

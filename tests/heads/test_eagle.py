@@ -6,7 +6,7 @@ import torch
 from specheads.heads import EagleConfig, EagleDrafter, build_vocab_maps, default_eagle3_layer_ids
 from specheads.heads.borrowed import borrow
 from specheads.heads.config import HeadConfigError
-from tests.tiny_models import ARCHITECTURES, tiny_named
+from tests.tiny_models import ARCHITECTURES, make_tiny_llama, tiny_named
 
 
 def _inputs(target, length=7, batch=2, seed=0):
@@ -80,12 +80,27 @@ def test_drafters_embed_tokens_as_the_engines_do():
     assert calls == [ids.shape], "a plain nn.Embedding is called as a module: accelerate's device-map hooks run"
 
 
-def test_default_layer_ids():
+def test_default_layer_ids_are_distinct_ascending_layer_inputs_the_engines_capture():
     assert default_eagle3_layer_ids(30) == [2, 15, 27]  # SmolLM2-135M: HF indices {2, N//2, N-3}
-    # clamped to [1, N - 1]: hidden_states[N] is the normed output, hidden_states[0] the embeddings; neither is a
-    # feature the serving engines capture
-    assert default_eagle3_layer_ids(2) == [1, 1, 1] and default_eagle3_layer_ids(3) == [2, 1, 1]
-    assert default_eagle3_layer_ids(4) == [2, 2, 1] and default_eagle3_layer_ids(5) == [2, 2, 2]
+    assert default_eagle3_layer_ids(4) == [1, 2, 3] and default_eagle3_layer_ids(6) == [2, 3, 4]
+    for n in range(4, 200):  # each in [1, N - 1]: neither the embeddings nor the normed output, which no engine hands
+        ids = default_eagle3_layer_ids(n)
+        assert ids == sorted(set(ids)) and len(ids) == 3 and 1 <= ids[0] and ids[-1] <= n - 1, (n, ids)
+    for n in (1, 2, 3):  # three distinct inputs among layers 1..N-1 need N >= 4
+        with pytest.raises(HeadConfigError, match=f"at least 4 layers; this one has {n}: pass explicit layer_ids"):
+            default_eagle3_layer_ids(n)
+
+
+def test_eagle3_layer_ids_must_be_distinct_and_ascending_from_the_start(tiny_llama):
+    """The engines capture each listed layer once, in ascending order: [3, 1, 2] would be served as [1, 2, 3] and
+    [2, 2, 3] as two features for a 3H fc. The config refuses both before any module is built."""
+    for ids in ([3, 1, 2], [2, 2, 3]):
+        with pytest.raises(HeadConfigError, match=r"not distinct and ascending.*give three distinct indices"):
+            EagleConfig(version=3, layer_ids=ids)
+    assert EagleConfig(version=1, layer_ids=[4]).layer_ids == [4]
+    assert EagleDrafter(EagleConfig(version=3, layer_ids=[0, 2, 4]), tiny_llama).layer_ids == [0, 2, 4]
+    with pytest.raises(HeadConfigError, match="at least 4 layers; this one has 2"):
+        EagleDrafter(EagleConfig(version=3), make_tiny_llama(num_layers=2))
 
 
 def test_vocab_maps_pick_most_frequent_tokens_and_round_trip():
@@ -132,7 +147,7 @@ def test_bad_layer_ids_and_version(tiny_llama):
 def test_missing_hidden_states_are_a_clear_error(tiny_llama):
     drafter = EagleDrafter(EagleConfig(version=3), tiny_llama)
     with pytest.raises(ValueError, match="output_hidden_states"):
-        drafter.fuse([None, None, None])
+        drafter.fuse([None] * 5)
 
 
 @pytest.mark.slow

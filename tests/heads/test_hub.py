@@ -5,6 +5,8 @@ code (ModelCard parsing, HfApi with offline mode); the upload itself is not exer
 """
 
 import json
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -118,8 +120,16 @@ def fake_hub(monkeypatch):
     monkeypatch.setattr(HfApi, "list_repo_files", lambda self, repo_id, **kw: list(hub.remote))
     monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kw: hub.calls.append(("yaml", {})))
 
+    hub.uploaded = {}  # path in the repository -> the bytes the last commits uploaded
+
     def create_commit(self, repo_id, operations, **kw):
         ops = sorted((type(op).__name__, op.path_in_repo) for op in operations)
+        for op in operations:
+            content = getattr(op, "path_or_fileobj", None)
+            if isinstance(content, (str, os.PathLike)):
+                hub.uploaded[op.path_in_repo] = Path(content).read_bytes()
+            elif isinstance(content, bytes):
+                hub.uploaded[op.path_in_repo] = content
         hub.calls.append(("commit", {**kw, "ops": ops}))
         return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/abc")
 
@@ -236,21 +246,92 @@ def _fake_adapter(folder, payload):
     (folder / "lora" / "adapter_model.safetensors").write_bytes(payload)
 
 
-def test_push_of_an_exported_engine_checkpoint_says_what_to_push(tiny_llama, tmp_path, capsys):
+BENCH = {
+    "config": {"device": "cpu", "temperature": 0},
+    "baseline": "generate",
+    "results": {
+        "generate": {"overall": {"tau": 1.0, "tokens_per_s": 40.0, "speedup": 1.0}},
+        "specheads-eagle3": {"overall": {"tau": 2.61, "tokens_per_s": 58.0, "speedup": 1.45}},
+    },
+}
+"""A ``specheads bench`` results.json as ``specheads.bench.report.aggregate`` writes it (the keys the card reads)."""
+
+
+def test_push_format_vllm_uploads_what_the_engine_serves_and_load_head_reads_the_repo(tmp_path, fake_hub, monkeypatch):
+    """The repository holds the engines' EAGLE-3 checkpoint (no specheads head files), a card with the Hub metadata,
+    the serve command and the measured speed apart from training's estimate; load_head reads it from the Hub cache."""
+    import torch
+    from tiny_models import in_local_hub_cache, save_tiny_target
+
+    from specheads.heads import load_head
+    from specheads.target import load_target
+
+    target, _ = load_target(str(save_tiny_target(tmp_path / "target")), check_tree_attention=False)
+    head = EagleDrafter(EagleConfig(version=3), target).eval()
+    head.save_pretrained(tmp_path / "head", card={"acceptance": {"simulated_chain_tau": 2.9}})
+    (tmp_path / "bench.json").write_text(json.dumps(BENCH))
+    argv = [
+        "push",
+        str(tmp_path / "head"),
+        "me/eagle3",
+        "--format",
+        "vllm",
+        "--bench-results",
+        str(tmp_path / "bench.json"),
+    ]
+    assert main(argv) == 0
+    assert sorted(fake_hub.uploaded) == ["README.md", "config.json", "model.safetensors"]
+    config = json.loads(fake_hub.uploaded["config.json"])
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["eagle_aux_hidden_state_layer_ids"] == [
+        1,
+        2,
+        3,
+    ]
+    card = ModelCard(fake_hub.uploaded["README.md"].decode())
+    assert card.data.library_name == "specheads" and card.data.pipeline_tag == "text-generation"
+    assert {"speculative-decoding", "vllm", "eagle3"} <= set(card.data.tags)
+    assert "vllm serve target --speculative-config" in card.text and '"model": "me/eagle3"' in card.text
+    assert "| specheads-eagle3 | 2.61 | 58.0 | 1.45x |" in card.text
+    measured, simulated = card.text.index("## Measured speed"), card.text.index("## Training-time estimate")
+    assert measured < simulated and "Simulated chain tau on held-out data at the end of training: 2.90" in card.text
+    repo = tmp_path / "pushed"
+    repo.mkdir()
+    for name, content in fake_hub.uploaded.items():
+        (repo / name).write_bytes(content)
+    loaded = load_head(in_local_hub_cache(repo, "me/eagle3", monkeypatch), target)
+    ids = torch.randint(0, 100, (1, 6))
+    states = target(ids, output_hidden_states=True).hidden_states
+    positions = torch.arange(6)[None]
+    torch.testing.assert_close(
+        loaded(loaded.fuse(states), ids, positions)[1], head(head.fuse(states), ids, positions)[1]
+    )
+
+
+def test_serving_card_links_a_builtin_target_by_its_hub_id(tiny_llama, tmp_path):
+    from specheads.heads.interop import export_head
+    from specheads.heads.serving_card import write_serving_card
+
+    export_head(EagleDrafter(EagleConfig(version=3), tiny_llama), tiny_llama, tmp_path, engine="speculators")
+    write_serving_card(tmp_path, "speculators", "smollm2-135m-instruct", "me/eagle3")
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.license == "apache-2.0"
+    assert card.data.library_name == "speculators" and "vllm serve me/eagle3\n" in card.text
+    assert "Not measured for this card" in card.text and "Training-time estimate" not in card.text
+
+
+def test_push_of_an_export_folder_pushes_it_in_its_own_format_with_a_card(tiny_llama, tmp_path, fake_hub, capsys):
     from specheads.heads.interop import export_head
 
     head = EagleDrafter(EagleConfig(version=3), tiny_llama)
-    head.save_pretrained(tmp_path / "head")
-    export_head(head, tiny_llama, tmp_path / "vllm")
-    (tmp_path / "vllm" / "README.md").write_text("served with vLLM\n")
-    for argv in (["push", str(tmp_path / "vllm"), "me/head"], ["push", str(tmp_path / "vllm"), "me/head", "--dry-run"]):
-        assert main(argv) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "unknown head_type" not in err
-        assert (
-            "this is an engine checkpoint written by `specheads export`; push the specheads head folder it came "
-            "from, or upload this folder with `hf upload`" in err
-        )
+    export_head(head, tiny_llama, tmp_path / "spec", engine="speculators")
+    assert main(["push", str(tmp_path / "spec"), "me/head", "--dry-run"]) == 0
+    assert capsys.readouterr().out.strip().endswith("README.md, config.json, model.safetensors")
+    assert main(["push", str(tmp_path / "spec"), "me/head", "--format", "sglang"]) == 2
+    assert "is a speculators export; push it without --format" in capsys.readouterr().err
+    assert main(["push", str(tmp_path / "spec"), "me/head"]) == 0
+    card = ModelCard(fake_hub.uploaded["README.md"].decode())
+    assert card.data.library_name == "speculators" and "vllm serve me/head" in card.text
+    assert not (tmp_path / "spec" / "README.md").exists(), "the card is written into a copy, not the user's folder"
 
 
 def test_push_without_a_network_says_to_check_it(tiny_llama, tmp_path, monkeypatch, capsys):
@@ -266,3 +347,19 @@ def test_push_without_a_network_says_to_check_it(tiny_llama, tmp_path, monkeypat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "check the network connection (or HF_ENDPOINT)" in err
     assert "HF_HUB_OFFLINE" not in err
+
+
+def test_saving_the_card_and_the_hub_import_no_module_that_imports_them():
+    """base writes the card and pushes through hub; card and hub read file names from ``heads.files``. An import of
+    base from either (even inside a function or under TYPE_CHECKING) made a cycle that only lazy imports hid."""
+    import ast
+    import importlib
+
+    for name in ("card", "hub", "files"):
+        source = importlib.import_module(f"specheads.heads.{name}").__file__
+        imported = {
+            node.module
+            for node in ast.walk(ast.parse(open(source).read()))
+            if isinstance(node, ast.ImportFrom) and node.module
+        }
+        assert not imported & {"specheads.heads.base", "specheads.heads.load", "specheads.heads"}, (name, imported)

@@ -65,7 +65,19 @@ def _engine_embedding(target, ids):
     return nn.functional.embedding(ids, target.get_input_embeddings().weight)
 
 
-def _engine_eagle3_logits(folder, target, ids):
+def _engine_features(config, target, ids, engine):
+    """The target features as the engines capture them: the layer loop keeps each state whose index is listed
+    (``if idx in aux_layers``), once, in ascending order, and concatenates them. vLLM lists hidden-state indices
+    (top-level key), SGLang the layer whose output it takes (``eagle_config``, one less)."""
+    if engine == "vllm":
+        wanted = set(config.eagle_aux_hidden_state_layer_ids)
+    else:
+        wanted = {i + 1 for i in config.eagle_config["eagle_aux_hidden_state_layer_ids"]}
+    states = target(ids, output_hidden_states=True).hidden_states
+    return torch.cat([state for index, state in enumerate(states) if index in wanted], dim=-1)
+
+
+def _engine_eagle3_logits(folder, target, ids, engine="vllm"):
     """The drafter as vLLM / SGLang build it, from the exported folder and the target alone: a Llama decoder layer
     whose q/k/v read concat(input_layernorm(embedding), hidden_norm(fc(low, mid, high))), the final norm, the
     draft lm_head, and d2t offsets back to target ids."""
@@ -86,9 +98,7 @@ def _engine_eagle3_logits(folder, target, ids):
     hidden_norm.load_state_dict({"weight": tensors["midlayer.hidden_norm.weight"]})
     norm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
     norm.load_state_dict({"weight": tensors["norm.weight"]})
-    layer_ids = config.eagle_aux_hidden_state_layer_ids  # vLLM: hidden-state indices
-    states = target(ids, output_hidden_states=True).hidden_states
-    fused = torch.cat([states[i] for i in layer_ids], dim=-1) @ tensors["fc.weight"].T
+    fused = _engine_features(config, target, ids, engine) @ tensors["fc.weight"].T
     embeds = _engine_embedding(target, ids)
     attn_in = torch.cat([layer.input_layernorm(embeds), hidden_norm(fused)], dim=-1)
     positions = torch.arange(ids.shape[1])[None]
@@ -105,16 +115,20 @@ def _engine_eagle3_logits(folder, target, ids):
     return full, config, tensors
 
 
-def test_eagle3_export_is_what_the_engines_compute(tmp_path):
+@pytest.mark.parametrize("export_engine", ["vllm", "sglang"])
+def test_eagle3_export_is_what_the_engines_compute(tmp_path, export_engine):
+    """Either export serves in both engines: each reads its own key for the feature layers."""
     target = make_tiny_llama(num_layers=6)
     head = _eagle3_head(target)
-    export_head(head, target, tmp_path, engine="vllm")
+    export_head(head, target, tmp_path, engine=export_engine)
     ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(3))
-    engine_logits, config, tensors = _engine_eagle3_logits(tmp_path, target, ids)
-    torch.testing.assert_close(engine_logits, _head_logits(head, target, ids), atol=1e-5, rtol=1e-5)
+    for engine in ("vllm", "sglang"):
+        engine_logits, config, tensors = _engine_eagle3_logits(tmp_path, target, ids, engine)
+        torch.testing.assert_close(engine_logits, _head_logits(head, target, ids), atol=1e-5, rtol=1e-5)
     assert config.architectures == ["LlamaForCausalLMEagle3"]
     assert (config.num_hidden_layers, config.draft_vocab_size, config.tie_word_embeddings) == (1, 32, False)
-    assert config.eagle_aux_hidden_state_layer_ids == head.layer_ids == [2, 3, 3]
+    assert config.eagle_aux_hidden_state_layer_ids == head.layer_ids == [2, 3, 4]
+    assert config.eagle_config == {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [1, 2, 3]}
     assert tensors["t2d"].dtype == torch.bool and int(tensors["t2d"].sum()) == 32
     assert not any("embed_tokens" in name for name in tensors), "the engines share the target's embedding"
     # transformers 4.x (what the engines read configs with) knows only the flat rotary keys: without them it falls
@@ -129,10 +143,35 @@ def test_sglang_export_names_layer_outputs_and_loads_back(tmp_path):
     head = _eagle3_head(target, layer_ids=[1, 4, 7])
     export_head(head, target, tmp_path, engine="sglang")
     config = json.loads((tmp_path / "config.json").read_text())
-    assert "eagle_aux_hidden_state_layer_ids" not in config
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 4, 7]  # vLLM's key too: one folder serves both
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 3, 6]  # output of layer i - 1
+    del config["eagle_aux_hidden_state_layer_ids"]  # a folder SGLang alone wrote
+    (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = load_head(tmp_path, target)
     assert loaded.layer_ids == [1, 4, 7]
+
+
+def test_a_saved_head_with_unsorted_layer_ids_decodes_but_does_not_export(tmp_path):
+    """A head saved before the ids were checked ([4, 1, 2]) still loads and reads its features in the saved order,
+    but the engines would capture [1, 2, 4] (ascending, once each) and feed fc other features: export refuses it
+    with the fix. The engine rebuild shows the difference the refusal prevents."""
+    target = make_tiny_llama(num_layers=6)
+    head = _eagle3_head(target, layer_ids=[1, 2, 4])
+    head.save_pretrained(tmp_path / "head")
+    meta = json.loads((tmp_path / "head" / "config.json").read_text())
+    meta["config"]["layer_ids"] = [4, 1, 2]
+    (tmp_path / "head" / "config.json").write_text(json.dumps(meta))
+    legacy = load_head(tmp_path / "head", target)
+    assert legacy.layer_ids == [4, 1, 2]
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(6))
+    assert not torch.allclose(_head_logits(legacy, target, ids), _head_logits(head, target, ids))
+    for engine in ("vllm", "sglang"):
+        with pytest.raises(ExportError, match=r"\[4, 1, 2\] are not distinct and ascending.*layer_ids=\[1, 2, 4\]"):
+            export_head(legacy, target, tmp_path / engine, engine=engine)
+    meta["config"]["layer_ids"] = [2, 2, 4]
+    (tmp_path / "head" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(ExportError, match=r"\[2, 2, 4\] are not distinct and ascending"):
+        export_head(load_head(tmp_path / "head", target), target, tmp_path / "vllm")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
@@ -440,7 +479,7 @@ def test_a_drafter_layer_that_is_not_llama_is_refused(tmp_path):
 def test_heads_fed_another_hidden_state_than_the_last_are_refused(tmp_path):
     target = make_tiny_llama()
     medusa = MedusaHeads(MedusaConfig(num_heads=2, layer_ids=[1]), target)
-    with pytest.raises(ExportError, match=r"last hidden state \(layer_ids \[2\]\); this head reads \[1\]"):
+    with pytest.raises(ExportError, match=r"last hidden state \(layer_ids \[4\]\); this head reads \[1\]"):
         export_head(medusa, target, tmp_path)
     eagle1 = EagleDrafter(EagleConfig(version=1, input_norm=False, layer_ids=[1]), target)
     with pytest.raises(ExportError, match="last hidden state"):
@@ -476,3 +515,58 @@ def test_a_target_layer_that_does_not_export_points_to_the_llama_layer(tmp_path)
     target = tiny_named("qwen2")  # q/k/v biases: not a Llama layer
     with pytest.raises(ExportError, match="extra tensors .*Train the head with head.options.draft_layer=llama"):
         export_head(_eagle3_head(target), target, tmp_path / "out", engine="vllm")
+
+
+@pytest.mark.parametrize("draft_vocab", [32, 128])
+def test_speculators_export_names_its_verifier_and_loads_back(tmp_path, draft_vocab):
+    """``--engine speculators``: the config speculators and vLLM read (model type, the layer's LlamaConfig, the
+    verifier, the feature layers, norm_before_residual written as False since vLLM takes True when it is absent),
+    the engines' tensors under speculators' names, and the folder loads back as the same head."""
+    target = make_tiny_llama(num_layers=6)
+    target.config.architectures = ["LlamaForCausalLM"]
+    head = _eagle3_head(target, draft_vocab=draft_vocab)
+    export_head(head, target, tmp_path, engine="speculators")
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3" and config["norm_before_residual"] is False
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4] and config["draft_vocab_size"] == draft_vocab
+    layer = config["transformer_layer_config"]
+    assert (layer["model_type"], layer["num_hidden_layers"], layer["vocab_size"], layer["hidden_size"]) == (
+        "llama",
+        1,
+        128,
+        64,
+    )
+    spec = config["speculators_config"]
+    assert spec["verifier"] == {"name_or_path": "tiny-random-llama", "architectures": ["LlamaForCausalLM"]}
+    assert spec["proposal_methods"][0]["proposal_type"] == spec["default_proposal_method"] == "greedy"
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    assert "layers.0.hidden_norm.weight" in tensors and not any(n.startswith("midlayer.") for n in tensors)
+    assert ("d2t" in tensors) == (draft_vocab < 128)  # speculators' full-vocabulary drafter has no maps
+    loaded = load_head(tmp_path, target)
+    ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(_head_logits(loaded, target, ids), _head_logits(head, target, ids))
+    for other in (_eagle1_head(target, fc_bias=False), MedusaHeads(MedusaConfig(num_heads=2), target)):
+        with pytest.raises(ExportError, match="speculators format holds EAGLE-3 drafters"):
+            export_head(other, target, tmp_path / "other", engine="speculators")
+
+
+def test_an_eagle3_export_for_a_family_the_engine_does_not_serve_warns_with_the_reason(tmp_path):
+    """vLLM's EAGLE-3 list has no Mistral (SGLang's Mistral class is Llama's and captures the layers): the export
+    still writes the files, and says which format would serve them. A Llama target exports without a word."""
+    import warnings
+
+    from specheads.heads.engine_targets import EAGLE3_TARGETS, serves_eagle3_beside
+
+    mistral = tiny_named("mistral")
+    head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), mistral).eval()
+    for engine in ("vllm", "speculators"):
+        with pytest.warns(UserWarning, match=r"vllm's EAGLE-3 support .* not 'mistral'.*The sglang format would serve"):
+            export_head(head, mistral, tmp_path / engine, engine=engine)
+        assert (tmp_path / engine / "model.safetensors").is_file()
+    llama = make_tiny_llama()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_head(EagleDrafter(EagleConfig(version=3), mistral).eval(), mistral, tmp_path / "sglang", engine="sglang")
+        export_head(EagleDrafter(EagleConfig(version=3), llama).eval(), llama, tmp_path / "llama", engine="vllm")
+    assert serves_eagle3_beside("vllm", "qwen3_moe") and not serves_eagle3_beside("sglang", "phi3")
+    assert set(EAGLE3_TARGETS) == {"vllm", "sglang"}

@@ -85,8 +85,8 @@ def test_config_json_records_target(tiny_llama, tmp_path):
     assert meta["head_type"] == "eagle" and meta["format_version"] == 1
     target = meta["config"]["target"]
     assert target["name_or_path"] == "tiny-random-llama"
-    assert (target["hidden_size"], target["vocab_size"], target["num_hidden_layers"]) == (64, 128, 2)
-    assert meta["config"]["layer_ids"] == [1, 1, 1]
+    assert (target["hidden_size"], target["vocab_size"], target["num_hidden_layers"]) == (64, 128, 4)
+    assert meta["config"]["layer_ids"] == [1, 2, 3]
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ def test_unknown_config_key_lists_valid_keys(tiny_llama, saved_medusa):
     ("kwargs", "message"),
     [
         ({"vocab_size": 256}, "vocab_size: head was built for 128, target has 256"),
-        ({"num_layers": 3}, "num_hidden_layers: head was built for 2, target has 3"),
+        ({"num_layers": 3}, "num_hidden_layers: head was built for 4, target has 3"),
     ],
 )
 def test_target_with_other_shapes_is_an_error(saved_medusa, kwargs, message):
@@ -490,7 +490,7 @@ def test_lora_adapter_on_a_bf16_target_stays_unmerged_so_small_updates_survive(t
         (("config", "target"), None, "target: expected a mapping"),
         (("config", "num_heads"), "2", "num_heads: expected int, found str"),
         (("config", "target", "vocab_size"), "128", "target.vocab_size: expected int, found str"),
-        (("config", "layer_ids"), [99], "one hidden-state index in \\[0, 2\\]"),
+        (("config", "layer_ids"), [99], "one hidden-state index in \\[0, 4\\]"),
         (("head_type",), ["medusa"], "unknown head_type \\['medusa'\\]"),
         (("config", "num_heads"), 0, "needs num_heads >= 1 and num_layers >= 0, found num_heads=0, num_layers=1$"),
         (("config", "target", "weight_probe"), ["a"] * 4, "weight_probe: expected list\\[float\\], found list"),

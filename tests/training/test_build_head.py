@@ -39,7 +39,7 @@ def test_training_on_a_target_the_decoder_would_refuse_warns_first():
     training says so before the run, with the same reason (a Medusa head on it is still built and trainable)."""
     from tests.tiny_models import tiny_family
 
-    target = tiny_family("lfm2", layer_types=["conv", "full_attention"])
+    target = tiny_family("lfm2", layer_types=["conv", "full_attention"] * 2)
     cfg = load_config(REPO / "configs" / "medusa" / "smollm2-135m.yaml")
     with pytest.warns(UserWarning, match=r"LinearAttentionLayer.*specheads' decoder will refuse this target"):
         head = build_head(cfg, target, None)

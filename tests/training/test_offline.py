@@ -113,9 +113,10 @@ def _offline_medusa(target_dir, chats, out, cache, *extra):
 
 
 def test_default_cache_layers_fit_a_two_layer_target(tiny_two_layer_target_dir, small_chat_file, tmp_path):
-    """The default layer ids are EAGLE-3's (clamped to the target's depth) plus the last hidden state."""
+    """The default layer ids are EAGLE-3's plus the last hidden state; a target too shallow for EAGLE-3's three
+    distinct features gets the last hidden state alone (what EAGLE-1 and Medusa read)."""
     cache = _cache(tiny_two_layer_target_dir, small_chat_file, tmp_path, "--no-logits")
-    assert CachedFeatureDataset(cache / "train").layer_ids == [1, 2]
+    assert CachedFeatureDataset(cache / "train").layer_ids == [2]
 
 
 def test_a_cache_of_another_target_is_refused(
