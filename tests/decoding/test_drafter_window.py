@@ -138,10 +138,9 @@ def test_windowed_drafter_on_a_long_smollm2_prompt(smollm2):
 
 def test_bench_runs_an_eagle_head_with_and_without_the_window(tmp_path):
     """``specheads bench --drafter-window`` adds NAME+window beside the head, with the same greedy outputs."""
-    from tiny_models import save_tiny_target
-
     from specheads.bench.cli import bench_main
     from specheads.target import load_target
+    from tests.tiny_models import save_tiny_target
 
     target_dir = save_tiny_target(tmp_path / "target", num_layers=2)
     target, _ = load_target(str(target_dir), device="cpu")

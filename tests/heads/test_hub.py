@@ -261,10 +261,10 @@ def test_push_format_vllm_uploads_what_the_engine_serves_and_load_head_reads_the
     """The repository holds the engines' EAGLE-3 checkpoint (no specheads head files), a card with the Hub metadata,
     the serve command and the measured speed apart from training's estimate; load_head reads it from the Hub cache."""
     import torch
-    from tiny_models import in_local_hub_cache, save_tiny_target
 
     from specheads.heads import load_head
     from specheads.target import load_target
+    from tests.tiny_models import in_local_hub_cache, save_tiny_target
 
     target, _ = load_target(str(save_tiny_target(tmp_path / "target")), check_tree_attention=False)
     head = EagleDrafter(EagleConfig(version=3), target).eval()

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from tiny_models import make_tiny_llama
 
 from specheads.heads import EagleConfig, EagleDrafter, build_vocab_maps
 from specheads.heads.interop import export_head
+from tests.tiny_models import make_tiny_llama
 
 REPO = Path(__file__).resolve().parents[2]
 SPECULATORS_PYTHON = REPO / ".venv-speculators" / "bin" / "python"

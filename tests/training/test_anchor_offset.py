@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_helpers import REPO, tiny_overrides
 
 from specheads.heads import EagleConfig, EagleDrafter
 from specheads.target import load_target
@@ -12,6 +11,7 @@ from specheads.training.config import LoraSection, LossSection, load_config
 from specheads.training.features import extract_features
 from specheads.training.loop import train
 from specheads.training.objective import anchor_offset_positions, build_objective
+from tests.training.train_helpers import REPO, tiny_overrides
 
 
 def test_anchor_offset_positions_keep_the_anchor_and_shift_the_rest():
