@@ -142,7 +142,7 @@ def test_bench_runs_an_eagle_head_with_and_without_the_window(tmp_path):
     from specheads.target import load_target
     from tests.tiny_models import save_tiny_target
 
-    target_dir = save_tiny_target(tmp_path / "target", num_layers=2)
+    target_dir = save_tiny_target(tmp_path / "target", num_layers=4)
     target, _ = load_target(str(target_dir), device="cpu")
     EagleDrafter(EagleConfig(version=3), target).save_pretrained(tmp_path / "eagle")
     questions = tmp_path / "questions.jsonl"

@@ -318,7 +318,7 @@ def test_sliding_layers_with_different_windows_are_refused(monkeypatch):
     transformers 5.24 does; the cache allows it) is refused when the generator is built."""
     from transformers import DynamicCache
 
-    from specheads.decoding import verify
+    from specheads.heads import tree_layers
 
     target = sliding_target("mistral")
 
@@ -327,7 +327,7 @@ def test_sliding_layers_with_different_windows_are_refused(monkeypatch):
         cache.layers[0].sliding_window = 8
         return cache
 
-    monkeypatch.setattr(verify, "DynamicCache", two_windows)
+    monkeypatch.setattr(tree_layers, "DynamicCache", two_windows)  # the one home of the capability check
     with pytest.raises(ValueError, match=r"different windows \(\[8, 16\]\).*one window"):
         SpeculativeGenerator(target, TinyTokenizer())
 

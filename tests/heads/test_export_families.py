@@ -55,7 +55,7 @@ def test_medusa_exports_are_refused_for_targets_that_finish_their_logits(tmp_pat
     assert "model.safetensors" in export_head(MedusaHeads(MedusaConfig(num_heads=2), plain), plain, tmp_path / "ok")
 
 
-@pytest.mark.parametrize("no_rope_layers, refused", [([0, 1], True), ([1, 0], False)])
+@pytest.mark.parametrize("no_rope_layers, refused", [([0, 1, 1, 1], True), ([1, 0, 1, 0], False)])
 def test_a_smollm3_drafter_without_rope_is_not_exported_as_a_llama_layer(tmp_path, no_rope_layers, refused):
     """SmolLM3's drafter takes its first layer's attention: without a rotary embedding there (a NoPE first layer),
     it is not the Llama layer the engines run."""

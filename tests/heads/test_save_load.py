@@ -307,12 +307,12 @@ def test_a_medusa2_head_records_its_adapter_and_refuses_to_load_without_it(tmp_p
 
 
 def test_the_checkpoint_marker_has_one_home():
-    """``trainer_state.json`` is named in heads/base.py alone; training and decoding import it from there."""
+    """``trainer_state.json`` is named in heads/files.py alone; training and decoding import it from heads."""
     from pathlib import Path
 
     package = Path(__file__).resolve().parents[2] / "specheads"
     homes = [p.relative_to(package) for p in package.rglob("*.py") if '"trainer_state.json"' in p.read_text()]
-    assert homes == [Path("heads/base.py")]
+    assert homes == [Path("heads/files.py")]
     assert "ADAPTER_MARK" not in "".join(p.read_text() for p in package.rglob("*.py"))
 
 
