@@ -96,7 +96,7 @@ def test_generate_in_bfloat16_with_a_medusa_head_and_clear_device_errors(smollm2
 
 
 def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_path, capsys, monkeypatch):
-    from specheads.decoding import drafters
+    from specheads.decoding.tuning import auto_tree
     from specheads.target import cache_root
 
     model, _ = smollm2
@@ -105,8 +105,8 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     (cache / "targets").symlink_to(cache_root() / "targets")  # the converted SmolLM2, not the cost curve or trees
     monkeypatch.setenv("SPECHEADS_CACHE", str(cache))
     # fewer and shorter calibration runs than the built-in six (the tiny-model test covers those)
-    monkeypatch.setattr(drafters, "BUILTIN_CALIBRATION_PROMPTS", drafters.BUILTIN_CALIBRATION_PROMPTS[:2])
-    monkeypatch.setattr(drafters, "CALIBRATION_TOKENS", 8)
+    monkeypatch.setattr(auto_tree, "BUILTIN_CALIBRATION_PROMPTS", auto_tree.BUILTIN_CALIBRATION_PROMPTS[:2])
+    monkeypatch.setattr(auto_tree, "CALIBRATION_TOKENS", 8)
     MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), model).save_pretrained(tmp_path / "medusa")
     common = ["--prompt", "Name a colour.", "--max-new-tokens", "6", "--head", str(tmp_path / "medusa")]
     assert generate_main([*common, "--tree", "auto"]) == 0
