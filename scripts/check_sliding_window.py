@@ -14,9 +14,10 @@ import torch
 from transformers import MistralConfig, MistralForCausalLM
 
 from specheads.bench.calibration import render_prompt
-from specheads.bench.questions import find_default_questions, load_questions, select_per_category
+from specheads.bench.questions import load_questions, select_per_category
 from specheads.decoding import SpeculativeGenerator, build_drafter
 from specheads.heads import load_head
+from specheads.shipped_data import find_default_questions
 from specheads.target import load_target
 
 

@@ -12,11 +12,12 @@ import time
 
 import torch
 
-from specheads.bench.questions import find_default_questions, load_questions, select_per_category
+from specheads.bench.questions import load_questions, select_per_category
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.head_drafter import build_drafter
 from specheads.decoding.tuning.cpu_kernels import MAX_ROWS, SmallBatchLinear, small_batch_linear
 from specheads.heads import load_head
+from specheads.shipped_data import find_default_questions
 from specheads.target import load_target
 
 

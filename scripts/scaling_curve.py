@@ -103,11 +103,8 @@ def main() -> None:
     records = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
     groups = {"all": list(range(len(records)))}
     if args.categories:
-        category = {
-            json.loads(x)["id"]: json.loads(x)["category"]
-            for x in Path(args.categories).read_text().splitlines()
-            if x.strip()
-        }
+        prompts = [json.loads(x) for x in Path(args.categories).read_text().splitlines() if x.strip()]
+        category = {prompt["id"]: prompt["category"] for prompt in prompts}
         for index, record in enumerate(records):
             groups.setdefault(category[record["id"]], []).append(index)
     dataset, _ = build_datasets(eval_cfg, tokenizer)

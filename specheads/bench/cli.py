@@ -23,12 +23,7 @@ from specheads.bench.calibration import (
     render_prompt,
 )
 from specheads.bench.methods import Method, hf_method, specheads_method
-from specheads.bench.questions import (
-    find_default_questions,
-    held_out_questions,
-    load_questions,
-    select_per_category,
-)
+from specheads.bench.questions import held_out_questions, load_questions, select_per_category
 from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_available, write_report
 from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
@@ -49,6 +44,7 @@ from specheads.decoding.tuning.cost_curve import CostCurve, load_or_measure_cost
 from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
+from specheads.shipped_data import find_default_questions
 from specheads.target import TargetLoadError, cache_root, resolve_device_dtype
 
 

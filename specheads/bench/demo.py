@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from specheads.bench.cli import run_bench, warn_mismatches
-from specheads.bench.questions import find_default_questions
 from specheads.bench.report import OVERALL
 from specheads.bench.settings import BenchSettings
+from specheads.shipped_data import find_default_questions
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"

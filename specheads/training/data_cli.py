@@ -12,10 +12,9 @@ import torch
 
 from specheads.heads import default_eagle3_layer_ids
 from specheads.heads.eagle import MIN_EAGLE3_TARGET_LAYERS
+from specheads.shipped_data import find_default_questions
 from specheads.training.data import FORMATS, DataConfig, DataError, build_datasets
 
-# Spec-Bench's questions as shipped in the repository (see data/README.md).
-DEFAULT_QUESTIONS = Path(__file__).resolve().parents[2] / "data" / "spec_bench" / "question.jsonl"
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -64,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     share.add_argument(
         "--questions",
         nargs="*",
-        default=[str(DEFAULT_QUESTIONS)],
+        default=None,
         help="benchmark question files whose 13-word sequences remove a conversation (default: the shipped "
         "Spec-Bench questions; give none to skip the check)",
     )
@@ -179,7 +178,7 @@ def _cache_features(args: argparse.Namespace) -> int:
 def _sharegpt(args: argparse.Namespace) -> int:
     from specheads.training.sharegpt import prepare_sharegpt
 
-    questions = [Path(q) for q in args.questions]
+    questions = [Path(q) for q in args.questions] if args.questions is not None else [find_default_questions()]
     missing = [str(q) for q in questions if not q.is_file()]
     if missing:
         raise DataError(f"question file not found: {', '.join(missing)}; give --questions FILE (or none to skip)")

@@ -31,12 +31,12 @@ def test_demo_checks_the_question_file_before_ten_minutes_of_training(tmp_path, 
     """Without Spec-Bench's questions the benchmark (the last stage) failed after training; --help ran the demo."""
     import pytest
 
-    import specheads.bench.questions
+    import specheads.shipped_data
     import specheads.target
 
     monkeypatch.setattr(specheads.target, "load_target", lambda *a, **k: pytest.fail("the demo started"))
     # a question file missing from where it is looked for
-    monkeypatch.setattr(specheads.bench.questions, "DEFAULT_QUESTIONS", tmp_path / "missing" / "question.jsonl")
+    monkeypatch.setattr(specheads.shipped_data, "DEFAULT_QUESTIONS", tmp_path / "missing" / "question.jsonl")
     assert demo.demo_main([]) == 2
     assert "no Spec-Bench question file" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:

@@ -118,7 +118,7 @@ def test_calibration_questions_are_never_measured_and_cover_the_measured_categor
 
 
 def test_shipped_spec_bench_file_is_the_default_and_has_six_categories():
-    from specheads.bench.questions import find_default_questions
+    from specheads.shipped_data import find_default_questions
 
     path = find_default_questions()
     assert path == (Path(__file__).resolve().parents[2] / "data" / "spec_bench" / "question.jsonl")
