@@ -91,6 +91,7 @@ def main() -> None:
         "--categories", default=None, help="the prompts file with a 'category' per id (per-category rows)"
     )
     parser.add_argument("--depths", type=int, default=3)
+    parser.add_argument("--steps", type=int, nargs="*", default=None, help="only these checkpoints (default: all)")
     parser.add_argument("--out", required=True, help="folder for curve.json, curve.md and curve.png")
     args = parser.parse_args()
 
@@ -111,12 +112,20 @@ def main() -> None:
     rows = []
     for checkpoint in completed_checkpoints(run):
         step = read_step(checkpoint)
-        head = checkpoint_head(cfg, target, checkpoint, run / "curve" / f"step-{step}")
+        if args.steps and step not in args.steps:
+            continue
+        folder = run / "curve" / f"step-{step}"
+        measured = folder / f"acceptance-{Path(args.data).stem}.json"  # a checkpoint is measured once per data file
+        if measured.is_file():
+            rows.append(json.loads(measured.read_text()))
+            continue
+        head = checkpoint_head(cfg, target, checkpoint, folder)
         seen, trained = steps[min(step, len(steps)) - 1]
         row = {"step": step, "target_tokens": seen, "loss_tokens": trained}
         for name, indices in groups.items():
             loader = DataLoader(dataset.select(indices), batch_size=4, collate_fn=merge)
             row[name] = acceptance(head, target, loader, args.depths)
+        measured.write_text(json.dumps(row))
         rows.append(row)
         print(json.dumps(row), flush=True)
     write_outputs(rows, list(groups), args.depths, Path(args.out))
