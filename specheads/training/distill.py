@@ -40,6 +40,8 @@ class GenerationSettings:
     top_p: float = 1.0
     seed: int = 0
     batch_size: int = 8
+    by_length: bool = True
+    """Answer the prompts shortest first, so a batch holds prompts of similar lengths and pads little."""
 
 
 def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -173,6 +175,12 @@ class Answer:
 
 
 @torch.no_grad()
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """The target's input for a conversation: its chat template with the assistant's turn opened."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 def answer_batch(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -184,11 +192,7 @@ def answer_batch(
 
     Only the settings here apply: the target's own generation config (a ``repetition_penalty`` or
     ``no_repeat_ngram_size`` some targets ship) is set aside, so greedy answers are the target's argmax."""
-    prompts = [
-        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        for messages in conversations
-    ]
-    token_lists = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    token_lists = [prompt_ids(tokenizer, messages) for messages in conversations]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     input_ids, attention_mask = left_pad(token_lists, pad_id)
     eos_ids = stop_ids(model, tokenizer)
@@ -237,6 +241,8 @@ def generate_dataset(
     generated_with = _generated_with(model, settings)
     _check_same_settings(out_path, generated_with)
     todo = [record for record in read_prompts(prompts_path, limit) if record["id"] not in done]
+    if settings.by_length:  # stable: a resumed run forms the same batches, the done ones being the shortest
+        todo.sort(key=lambda record: len(prompt_ids(tokenizer, record["messages"])))
     cut = 0
     with open(out_path, "a", encoding="utf-8") as out, tqdm(total=len(todo), desc="self-distilling") as bar:
         for start in range(0, len(todo), settings.batch_size):

@@ -64,7 +64,7 @@ def test_resume_skips_done_ids_and_drops_a_partial_line(smollm2, tmp_path):
     assert generate_dataset(model, tokenizer, prompts, out, settings) == 2
     text = out.read_text(encoding="utf-8")
     assert text.startswith(first) and text.endswith("\n")
-    assert [r["id"] for r in read_jsonl(out)] == ["a", "b", "c"]
+    assert [r["id"] for r in read_jsonl(out)] == ["a", "c", "b"]  # the rest shortest first: c's prompt is shorter
     assert generate_dataset(model, tokenizer, prompts, out, settings) == 0
 
 
@@ -92,7 +92,8 @@ def test_records_keep_the_targets_own_ids_and_whether_it_stopped(smollm2, tmp_pa
     )
     out = tmp_path / "out.jsonl"
     generate_dataset(model, tokenizer, prompts, out, GenerationSettings(max_new_tokens=24, batch_size=2))
-    story, yes = read_jsonl(out)
+    records = {record["id"]: record for record in read_jsonl(out)}
+    story, yes = records["story"], records["yes"]
     assert story["finished"] is False and len(story["answer_token_ids"]) == 24  # cut
     assert yes["finished"] is True and len(yes["answer_token_ids"]) < 24  # the target ended it
     for record in (story, yes):
@@ -213,3 +214,36 @@ def test_a_generated_file_resumes_whatever_spelling_of_its_target_folder(tiny_ta
     monkeypatch.chdir(tiny_target_dir.parent)
     assert data_main([*common, "--target", tiny_target_dir.name, "--limit", "2"]) == 0
     assert [r["id"] for r in read_jsonl(out)] == ["a", "b"]
+
+
+def test_batches_hold_prompts_of_similar_lengths_and_a_rerun_answers_the_rest_shortest_first(
+    tiny_target_dir, tmp_path, monkeypatch
+):
+    """Prompts are answered shortest first, so a batch pads little; ``--file-order`` keeps the file's order."""
+    import specheads.training.distill as distill
+    from specheads.target import load_target
+
+    model, tokenizer = load_target(str(tiny_target_dir))
+    words = [9, 1, 7, 3, 12, 2, 5, 8]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "word " * n}) + "\n" for i, n in enumerate(words)))
+    batches = []
+    answer = distill.answer_batch
+
+    def recorded(model, tokenizer, conversations, settings, seed=0):
+        batches.append([len(distill.prompt_ids(tokenizer, c)) for c in conversations])
+        return answer(model, tokenizer, conversations, settings, seed)
+
+    monkeypatch.setattr(distill, "answer_batch", recorded)
+    settings = GenerationSettings(max_new_tokens=2, batch_size=3)
+    out = tmp_path / "out.jsonl"
+    assert generate_dataset(model, tokenizer, prompts, out, settings, limit=5) == 5
+    assert generate_dataset(model, tokenizer, prompts, out, settings) == 3
+    flat = [n for batch in batches for n in batch]
+    assert [len(b) for b in batches] == [3, 2, 3] and flat[:5] == sorted(flat[:5]) and flat[5:] == sorted(flat[5:])
+    by_length = [f"p{i}" for i in sorted(range(5), key=lambda i: words[i])]
+    assert [r["id"] for r in read_jsonl(out)] == by_length + ["p5", "p6", "p7"]
+    batches.clear()
+    in_file_order = tmp_path / "file-order.jsonl"
+    generate_dataset(model, tokenizer, prompts, in_file_order, GenerationSettings(2, batch_size=8, by_length=False))
+    assert [r["id"] for r in read_jsonl(in_file_order)] == [f"p{i}" for i in range(8)]
