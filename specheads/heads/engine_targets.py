@@ -9,12 +9,10 @@ Sources, read in the engines' released code (vLLM 0.34.0 and SGLang 0.5.23, the 
 - vLLM: ``vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py``, ``set_eagle3_aux_hidden_state_layers``, raises
   "Model does not support EAGLE3 interface" unless the target's class implements ``SupportsEagle3``
   (``vllm/model_executor/models/interfaces.py``, whose ``EagleModelMixin`` keeps each listed hidden-state index once,
-  ascending). The listed types are those whose class in ``vllm/model_executor/models/registry.py`` implements it,
-  natively or as vLLM's Transformers backend (``vllm/model_executor/models/transformers/base.py``). That backend also
-  runs, by default, a transformers family vLLM has no class for, and on request (``--model-impl transformers``) one
-  whose native class lacks the interface. The ``model_type`` substring list (``eagle3_target_supported``, later
-  ``aux_hidden_states_supported``) that ``vllm/config/speculative.py`` once held is gone. The speculators format is
-  served by vLLM, so the same list holds for it.
+  ascending). ``vllm/model_executor/models/registry.py`` names a class for each architecture it knows, its own or its
+  Transformers backend (``vllm/model_executor/models/transformers/base.py``, which implements the interface), and runs
+  an architecture it does not know on that backend. The speculators format is served by vLLM, so the same holds for
+  it.
 - SGLang: ``python/sglang/srt/model_executor/model_runner_components/attention_backend_setup.py``,
   ``configure_aux_hidden_state_capture``, raises unless the target's class has ``set_eagle3_layers_to_capture``;
   the listed types are those whose class in ``python/sglang/srt/models/`` defines or inherits it (``llama.py``'s is
@@ -49,7 +47,19 @@ EAGLE3_TARGETS = {
         "qwen3_moe", "qwen3_next", "sarvam_moe",
     ),
 }  # fmt: skip
-"""Per engine, the target ``model_type``s (the text config's) its EAGLE-3 drafter is served beside."""
+"""Per engine, the target ``model_type``s (the text config's) whose engine class captures the layers."""
+
+VLLM_CLASSES_WITHOUT_EAGLE3 = (
+    "axk1", "bamba", "beam", "bloom", "cohere", "cohere2", "dbrx", "deepseek_v32", "deepseek_v4", "dory", "dots1",
+    "dots3_note", "dots3_note_text", "ernie4_5_moe", "exaone4", "exaone_moe", "falcon", "falcon_h1", "falcon_mamba",
+    "flint", "fuyu", "gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "glm4", "glm4_moe",
+    "glm4_moe_lite", "gpt-sw3", "gpt2", "gptj", "granitemoehybrid", "hrm_text", "hy_v3", "hy_v4", "hyperclovax",
+    "inkling_text", "jamba", "kimi_linear", "lfm2", "lfm2_moe", "lfm3", "longcat_flash", "mamba", "mamba2", "minimax",
+    "mixtral", "moss_transcribe_diarize", "mpt", "nemotron", "olmo_hybrid", "opt", "persimmon", "phi4_multimodal",
+    "qwen2_moe", "qwen4_exp", "qwen4_exp_text", "zamba2", "zaya",
+)  # fmt: skip
+"""Target types vLLM runs on a class of its own that lacks ``SupportsEagle3``; a type in neither vLLM list has no vLLM
+class and runs on its Transformers backend, which captures the layers."""
 
 SGLANG_ONE_ADDED_ONLY_AFTER_1 = ("deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa")
 """Target types whose SGLang class adds one to the ``eagle_config`` ids only when the first is 1 and otherwise
@@ -62,7 +72,10 @@ ENGINE_OF_FORMAT = {"vllm": "vllm", "sglang": "sglang", "speculators": "vllm"}
 
 def serves_eagle3_beside(engine_format: str, model_type: str) -> bool:
     """Whether the engine serving ``engine_format`` runs an EAGLE-3 drafter beside a ``model_type`` target."""
-    return model_type in EAGLE3_TARGETS[ENGINE_OF_FORMAT[engine_format]]
+    engine = ENGINE_OF_FORMAT[engine_format]
+    if engine == "vllm":
+        return model_type not in VLLM_CLASSES_WITHOUT_EAGLE3
+    return model_type in EAGLE3_TARGETS[engine]
 
 
 def eagle3_target_warning(engine_format: str, model_type: str, layer_ids: Sequence[int] = ()) -> str | None:
@@ -70,22 +83,22 @@ def eagle3_target_warning(engine_format: str, model_type: str, layer_ids: Sequen
     beside a ``model_type`` target, or None."""
     engine = ENGINE_OF_FORMAT[engine_format]
     others = [f for f in ENGINE_OF_FORMAT if f != engine_format and serves_eagle3_beside(f, model_type)]
-    served_by = f"The {' and '.join(others)} format{'s' if len(others) > 1 else ''} would serve it" if others else ""
+    served_by = f"the {' and '.join(others)} format{'s' if len(others) > 1 else ''} would serve it" if others else ""
     if not serves_eagle3_beside(engine_format, model_type):
-        backend = " unless run by its Transformers backend (--model-impl transformers)" if engine == "vllm" else ""
+        fix = (
+            "serve with --model-impl transformers (vLLM's Transformers backend captures the layers)"
+            + (f", or {served_by}" if others else "")
+            if engine == "vllm"
+            else served_by or "the files stay valid for an engine that adds the support"
+        )
         return (
-            f"{engine}'s EAGLE-3 support covers targets of types {list(EAGLE3_TARGETS[engine])}, not {model_type!r}: "
-            f"it would refuse to serve this drafter beside the target{backend} (specheads.heads.engine_targets names "
-            f"the source). "
-            + (f"{served_by}; the files" if others else "The files")
-            + " stay valid for an engine that adds the support"
+            f"{engine}'s model class for {model_type!r} targets does not capture the hidden states an EAGLE-3 drafter "
+            f"reads, so {engine} would refuse this drafter at start-up (docs/serving.md lists the families): {fix}"
         )
     if engine == "sglang" and model_type in SGLANG_ONE_ADDED_ONLY_AFTER_1 and layer_ids and layer_ids[0] != 2:
         return (
-            f"SGLang's {model_type} class adds one to eagle_config's layer ids only when the first is 1: it would feed "
-            f"this drafter hidden states {[i - 1 for i in layer_ids]}, not the {list(layer_ids)} it was trained on "
-            f"(specheads.heads.engine_targets names the source). "
-            + (f"{served_by} as trained, or train" if others else "Train")
-            + " with the first layer id 2 (the default's for 5 or more target layers)"
+            f"SGLang's {model_type} class adds one to eagle_config's layer ids only when the first is 1, so it would "
+            f"feed this drafter hidden states {[i - 1 for i in layer_ids]}, not the {list(layer_ids)} it was trained "
+            f"on (docs/serving.md): {served_by + ' as trained, or ' if others else ''}train with the first layer id 2"
         )
     return None

@@ -552,24 +552,29 @@ def test_speculators_export_names_its_verifier_and_loads_back(tmp_path, draft_vo
 
 def test_an_eagle3_export_for_a_family_the_engine_does_not_serve_warns_with_the_reason(tmp_path):
     """Per the engines' classes (specheads.heads.engine_targets): Qwen2-MoE's SGLang class captures the layers and
-    vLLM's does not, Gemma's the other way round, Mixtral's in neither. Each export still writes the files and says
-    which format would serve them; a Llama target exports without a word."""
+    vLLM's does not, Gemma's the other way round, Mixtral's in neither; Helium has no vLLM class, so vLLM runs it on
+    its Transformers backend, which captures them. Each export still writes the files and names the fix; a Llama
+    target exports without a word."""
     import warnings
 
-    cases = {  # family: ({format that warns: what it says of the others}, formats that export silently)
+    backend = r"--model-impl transformers"
+    cases = {  # family: ({format that warns: what it says}, formats that export silently)
         "qwen2_moe": (
-            {"vllm": "The sglang format would serve it", "speculators": "The sglang format would"},
+            {"vllm": rf"{backend} .*, or the sglang format would serve it", "speculators": backend},
             ["sglang"],
         ),
-        "gemma": ({"sglang": "The vllm and speculators formats would serve it"}, ["vllm", "speculators"]),
-        "mixtral": ({engine: r"source\)\. The files stay valid" for engine in ("vllm", "sglang", "speculators")}, []),
+        "gemma": ({"sglang": "the vllm and speculators formats would serve it"}, ["vllm", "speculators"]),
+        "mixtral": ({"vllm": backend, "speculators": backend, "sglang": "the files stay valid"}, []),
+        "helium": ({"sglang": "the vllm and speculators formats would serve it"}, ["vllm", "speculators"]),
     }
     for name, (warned, silent) in cases.items():
         target = tiny_named(name)
         head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
-        for engine, others in warned.items():
+        for engine, says in warned.items():
             engine_name = "sglang" if engine == "sglang" else "vllm"
-            with pytest.warns(UserWarning, match=rf"^{engine_name}'s EAGLE-3 support .* not '{name}': .*{others}"):
+            with pytest.warns(
+                UserWarning, match=rf"^{engine_name}'s model class for '{name}' targets does not .*{says}"
+            ):
                 export_head(head, target, tmp_path / name / engine, engine=engine)
             assert (tmp_path / name / engine / "model.safetensors").is_file()
         for engine in silent:
@@ -596,7 +601,7 @@ def test_an_sglang_export_for_a_deepseek_target_warns_unless_sglang_reads_its_la
     target = tiny_named("deepseek_v3")
     head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
     assert head.layer_ids == [1, 2, 3]
-    with pytest.warns(UserWarning, match=r"feed this drafter hidden states \[0, 1, 2\], not the \[1, 2, 3\]"):
+    with pytest.warns(UserWarning, match=r"hidden states \[0, 1, 2\], not the \[1, 2, 3\].*the vllm and speculators"):
         export_head(head, target, tmp_path / "sglang", engine="sglang")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
