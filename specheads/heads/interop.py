@@ -113,8 +113,9 @@ def export_head(
         return _export_draft_model(head, out, dtype, tokenizer)
     config, tensors = serving_checkpoint(head, target, engine)
     family = target.config.get_text_config().model_type
-    if isinstance(head, EagleDrafter) and head.version == 3 and (reason := eagle3_target_warning(engine, family)):
-        warnings.warn(reason, stacklevel=2)
+    if isinstance(head, EagleDrafter) and head.version == 3:
+        if reason := eagle3_target_warning(engine, family, list(head.layer_ids)):
+            warnings.warn(reason, stacklevel=2)
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
     config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
     config["torch_dtype"] = config["dtype"]  # the name transformers 4.x (the engines' config reader) looks for

@@ -551,22 +551,61 @@ def test_speculators_export_names_its_verifier_and_loads_back(tmp_path, draft_vo
 
 
 def test_an_eagle3_export_for_a_family_the_engine_does_not_serve_warns_with_the_reason(tmp_path):
-    """vLLM's EAGLE-3 list has no Mistral (SGLang's Mistral class is Llama's and captures the layers): the export
-    still writes the files, and says which format would serve them. A Llama target exports without a word."""
+    """Per the engines' classes (specheads.heads.engine_targets): Qwen2-MoE's SGLang class captures the layers and
+    vLLM's does not, Gemma's the other way round, Mixtral's in neither; Helium has no vLLM class, so vLLM runs it on
+    its Transformers backend, which captures them. Each export still writes the files and names the fix; a Llama
+    target exports without a word."""
     import warnings
 
-    from specheads.heads.engine_targets import EAGLE3_TARGETS, serves_eagle3_beside
-
-    mistral = tiny_named("mistral")
-    head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), mistral).eval()
-    for engine in ("vllm", "speculators"):
-        with pytest.warns(UserWarning, match=r"vllm's EAGLE-3 support .* not 'mistral'.*The sglang format would serve"):
-            export_head(head, mistral, tmp_path / engine, engine=engine)
-        assert (tmp_path / engine / "model.safetensors").is_file()
+    backend = r"--model-impl transformers"
+    cases = {  # family: ({format that warns: what it says}, formats that export silently)
+        "qwen2_moe": (
+            {"vllm": rf"{backend} .*, or the sglang format would serve it", "speculators": backend},
+            ["sglang"],
+        ),
+        "gemma": ({"sglang": "the vllm and speculators formats would serve it"}, ["vllm", "speculators"]),
+        "mixtral": ({"vllm": backend, "speculators": backend, "sglang": "the files stay valid"}, []),
+        "helium": ({"sglang": "the vllm and speculators formats would serve it"}, ["vllm", "speculators"]),
+    }
+    for name, (warned, silent) in cases.items():
+        target = tiny_named(name)
+        head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
+        for engine, says in warned.items():
+            engine_name = "sglang" if engine == "sglang" else "vllm"
+            with pytest.warns(
+                UserWarning, match=rf"^{engine_name}'s model class for '{name}' targets does not .*{says}"
+            ):
+                export_head(head, target, tmp_path / name / engine, engine=engine)
+            assert (tmp_path / name / engine / "model.safetensors").is_file()
+        for engine in silent:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                export_head(head, target, tmp_path / name / engine, engine=engine)
     llama = make_tiny_llama()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        export_head(EagleDrafter(EagleConfig(version=3), mistral).eval(), mistral, tmp_path / "sglang", engine="sglang")
-        export_head(EagleDrafter(EagleConfig(version=3), llama).eval(), llama, tmp_path / "llama", engine="vllm")
-    assert serves_eagle3_beside("vllm", "qwen3_moe") and not serves_eagle3_beside("sglang", "phi3")
-    assert set(EAGLE3_TARGETS) == {"vllm", "sglang"}
+        for engine in ("vllm", "sglang", "speculators"):
+            export_head(
+                EagleDrafter(EagleConfig(version=3), llama).eval(), llama, tmp_path / "llama" / engine, engine=engine
+            )
+
+
+def test_an_sglang_export_for_a_deepseek_target_warns_unless_sglang_reads_its_layer_ids_as_trained(tmp_path):
+    """SGLang's DeepSeek-V2 class (and what builds on it) adds one to eagle_config's ids only when the first is 1, so
+    of the exports (ids one less than the hidden-state indices) it reads only those starting at index 2 as meant;
+    vLLM reads its own key as written."""
+    import warnings
+
+    from specheads.heads.engine_targets import eagle3_target_warning
+
+    target = tiny_named("deepseek_v3")
+    head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
+    assert head.layer_ids == [1, 2, 3]
+    with pytest.warns(UserWarning, match=r"hidden states \[0, 1, 2\], not the \[1, 2, 3\].*the vllm and speculators"):
+        export_head(head, target, tmp_path / "sglang", engine="sglang")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        export_head(head, target, tmp_path / "vllm", engine="vllm")
+    assert eagle3_target_warning("sglang", "deepseek_v3", [2, 30, 58]) is None
+    assert "hidden states [2, 30, 57]" in eagle3_target_warning("sglang", "glm4_moe_lite", [3, 31, 58])
+    assert eagle3_target_warning("sglang", "qwen3", [3, 31, 58]) is None
