@@ -41,15 +41,9 @@ from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead, make_read
 from specheads.heads.card import base_model_id
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
-from specheads.heads.eagle import (
-    LLAMA_LAYER,
-    EagleConfig,
-    EagleDrafter,
-    default_eagle3_layer_ids,
-    eagle3_layer_order_problem,
-    llama_layer_config,
-    llama_layer_settings,
-)
+from specheads.heads.eagle import EagleHead
+from specheads.heads.eagle_config import LLAMA_LAYER, EagleConfig, default_eagle3_layer_ids, eagle3_layer_order_problem
+from specheads.heads.eagle_layer import llama_layer_config, llama_layer_settings
 from specheads.heads.engine_targets import eagle3_target_warning
 from specheads.heads.export_checks import (
     ExportError,
@@ -113,7 +107,7 @@ def export_head(
         return _export_draft_model(head, out, dtype, tokenizer)
     config, tensors = serving_checkpoint(head, target, engine)
     family = target.config.get_text_config().model_type
-    if isinstance(head, EagleDrafter) and head.version == 3 and (reason := eagle3_target_warning(engine, family)):
+    if isinstance(head, EagleHead) and head.version == 3 and (reason := eagle3_target_warning(engine, family)):
         warnings.warn(reason, stacklevel=2)
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
     config["dtype"] = str(dtype or next(head.parameters()).dtype).removeprefix("torch.")
@@ -133,14 +127,14 @@ def serving_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The config and tensors ``export_head`` writes for an EAGLE head or Medusa heads, after every check that the
     engine computes what the head does; raises ``ExportError`` with the reason where it would not."""
-    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleDrafter) and head.version == 3):
+    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleHead) and head.version == 3):
         raise ExportError(
             f"the speculators format holds EAGLE-3 drafters here, not {type(head).__name__} (EAGLE-1 or Medusa); "
             "use --engine vllm (or sglang for EAGLE-1)"
         )
-    if isinstance(head, EagleDrafter) and head.version == 1:
+    if isinstance(head, EagleHead) and head.version == 1:
         config, tensors = _eagle1_checkpoint(head, target, engine)
-    elif isinstance(head, EagleDrafter):
+    elif isinstance(head, EagleHead):
         config, tensors = _eagle3_checkpoint(head, target, engine)
     elif isinstance(head, MedusaHeads):
         if engine != "vllm":
@@ -174,7 +168,7 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 
 def _eagle3_checkpoint(
-    head: EagleDrafter, target: PreTrainedModel, engine: str
+    head: EagleHead, target: PreTrainedModel, engine: str
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     tensors = {}
     for name, tensor in head.state_dict().items():
@@ -193,7 +187,7 @@ def _eagle3_checkpoint(
 
 
 def _eagle1_checkpoint(
-    head: EagleDrafter, target: PreTrainedModel, engine: str
+    head: EagleHead, target: PreTrainedModel, engine: str
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if head.config.input_norm:
         raise ExportError(
@@ -228,7 +222,7 @@ def _eagle1_checkpoint(
 
 
 def _check_runs_as_llama(
-    head: EagleDrafter, tensors: dict[str, torch.Tensor], prefix: str, expected: set | frozenset, config: dict
+    head: EagleHead, tensors: dict[str, torch.Tensor], prefix: str, expected: set | frozenset, config: dict
 ) -> None:
     """The engines run the drafter's layer as a Llama layer: its tensors, then its numbers, must be one's. A layer
     built from the target's class that is not says how to train one that exports."""
@@ -244,7 +238,7 @@ def _check_runs_as_llama(
         ) from error
 
 
-def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> dict[str, Any]:
+def _eagle3_config(head: EagleHead, target: PreTrainedModel, engine: str) -> dict[str, Any]:
     config = _llama_draft_config(head, target, [EAGLE3_ARCHITECTURES[0]])
     config["draft_vocab_size"] = head.draft_vocab_size
     layer_ids = list(head.layer_ids)
@@ -277,7 +271,7 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
     return config
 
 
-def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectures: list[str]) -> dict[str, Any]:
+def _llama_draft_config(head: EagleHead, target: PreTrainedModel, architectures: list[str]) -> dict[str, Any]:
     """A one-layer ``LlamaConfig`` (as a dict) with the drafter layer's shapes, rotary and norm settings: its own
     (``draft_layer=llama``) or those a Llama layer for the target would have (``draft_layer=target``, whose layer
     ``check_computes_as_llama`` then holds to them)."""
@@ -351,8 +345,8 @@ def is_eagle3_checkpoint(meta: dict[str, Any]) -> bool:
     )
 
 
-def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -> EagleDrafter:
-    """An ``EagleDrafter`` (v3, eval, frozen) from a Llama EAGLE-3 draft checkpoint folder, strictly: every tensor
+def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -> EagleHead:
+    """An ``EagleHead`` (v3, eval, frozen) from a Llama EAGLE-3 draft checkpoint folder, strictly: every tensor
     must map onto the drafter and every drafter tensor must be present (the embedding, when shipped, must equal the
     target's, since this drafter reads the target's)."""
     folder = Path(folder)
@@ -377,7 +371,7 @@ def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -
             "the wrong token. Export the checkpoint with its d2t (SpecForge and the EAGLE-3 reference both save it)."
         )
     offsets = tensors.pop("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-    head = EagleDrafter(config, target, d2t=offsets.long() + torch.arange(offsets.numel()))
+    head = EagleHead(config, target, d2t=offsets.long() + torch.arange(offsets.numel()))
     tensors.pop("t2d", None)  # rebuilt from d2t
     embedding = tensors.pop("embed_tokens.weight", None)
     own = head.borrowed.embed_tokens.weight.detach()
