@@ -20,8 +20,8 @@ from specheads.heads.card import ADAPTER_KEY
 from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleHead
+from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint, load_eagle3_checkpoint
 from specheads.heads.eagle_config import target_to_draft
-from specheads.heads.interop import is_eagle3_checkpoint, load_eagle3_checkpoint
 from specheads.heads.medusa import MedusaHeads
 
 HEADS: dict[str, type[DraftHead]] = {

@@ -300,6 +300,4 @@ def build_objective(
         return Eagle1Objective(head, loss, seed) if head.version == 1 else Eagle3Objective(head, loss, seed)
     if isinstance(head, DraftModel):
         return DraftModelObjective(head, loss)
-    raise TypeError(
-        f"no training objective for {type(head).__name__}; expected MedusaHeads, EagleHead or DraftModel."
-    )
+    raise TypeError(f"no training objective for {type(head).__name__}; expected MedusaHeads, EagleHead or DraftModel.")

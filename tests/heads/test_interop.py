@@ -27,7 +27,8 @@ from specheads.heads import (
 )
 from specheads.heads.borrowed import LogitTransform, logit_transform
 from specheads.heads.config import HeadConfigError, HeadLoadError
-from specheads.heads.interop import ExportError, export_head, load_eagle3_checkpoint
+from specheads.heads.eagle3_checkpoint import load_eagle3_checkpoint
+from specheads.heads.interop import ExportError, export_head
 from tests.tiny_models import ARCHITECTURES, EAGLE_REFUSED, make_tiny_llama, tiny_named
 
 
@@ -470,9 +471,7 @@ def test_a_drafter_layer_that_is_not_llama_is_refused(tmp_path):
     with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
         export_head(EagleHead(EagleConfig(version=3), target), target, tmp_path / "eagle3")
     with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
-        export_head(
-            EagleHead(EagleConfig(version=1, input_norm=False), target), target, tmp_path / "eagle1", "sglang"
-        )
+        export_head(EagleHead(EagleConfig(version=1, input_norm=False), target), target, tmp_path / "eagle1", "sglang")
     assert not (tmp_path / "eagle3").exists(), "nothing is written for a refused head"
 
 
