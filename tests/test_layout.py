@@ -187,3 +187,11 @@ def test_top_level_help_lists_commands(capsys):
     out = capsys.readouterr().out
     assert all(command in out for command in SUBCOMMANDS)
     assert main([]) == 2
+
+
+def test_the_target_asks_only_the_capability_check_of_heads():
+    """``target.load_target`` asks ``heads.tree_layers.tree_obstacle`` (the one answer to "can it verify a tree");
+    that module imports nothing of specheads, so the target never reaches back into the heads it serves."""
+    target_imports = {name for name in _imports(PACKAGE / "target.py") if name.startswith("specheads")}
+    assert target_imports == {"specheads.heads.tree_layers"}
+    assert not [name for name in _imports(PACKAGE / "heads" / "tree_layers.py") if name.startswith("specheads")]
