@@ -25,7 +25,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specheads.heads.base import DraftHead
-from specheads.heads.borrowed import borrow
+from specheads.heads.borrowed import borrow, check_readable_hidden_states
 from specheads.heads.config import HeadConfigError, TargetRecord, default_dtype_of
 from specheads.heads.eagle_config import (
     AUTO_LAYER,
@@ -74,6 +74,7 @@ def resolved_config(config: EagleConfig, target: PreTrainedModel, record: Target
         n = record.num_hidden_layers
         resolved.layer_ids = [n] if resolved.version == 1 else default_eagle3_layer_ids(n)
     _check_layer_ids(resolved, record)
+    check_readable_hidden_states(target, resolved.layer_ids)  # before the layer is chosen: no layer reads these
     if resolved.draft_layer == AUTO_LAYER:
         resolved.draft_layer = auto_draft_layer(target, resolved)
     if resolved.draft_layer == LLAMA_LAYER and not resolved.llama_layer:
