@@ -216,7 +216,7 @@ def initialise_as_the_target_does(layer: nn.Module, target: PreTrainedModel) -> 
     """Transformers modules that hold parameters of their own (fused MoE experts and routers as in Qwen3-MoE,
     Mixtral and GPT-OSS, GPT-OSS's attention sinks) allocate them with ``torch.empty`` and leave them to the model's
     ``_init_weights``, which a layer built on its own never gets: without this the drafter would start from whatever
-    memory held (GPT-OSS's drafter output ~1e29 and never trained). Run the target family's own initialisation on
+    memory held, and a drafter started from garbage does not train. Run the target family's own initialisation on
     them; torch.nn modules (the projections) initialise themselves and keep torch's defaults."""
     for module in layer.modules():
         if (
