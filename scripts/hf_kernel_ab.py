@@ -12,11 +12,12 @@ import argparse
 import torch
 
 from specheads.bench.calibration import render_prompt
-from specheads.bench.cli import BenchSettings, _assistant
+from specheads.bench.lineup import _assistant
 from specheads.bench.methods import hf_method
 from specheads.bench.questions import load_questions, select_per_category
 from specheads.bench.report import aggregate, markdown_report
 from specheads.bench.runner import run_benchmark
+from specheads.bench.settings import BenchSettings
 from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.shipped_data import find_default_questions
 from specheads.target import load_target

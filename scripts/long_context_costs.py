@@ -37,7 +37,7 @@ from specheads.decoding.kv_cache import commit_path, crop_to, new_cache
 from specheads.decoding.ngram_index import NgramIndex
 from specheads.decoding.prompt_lookup_drafter import lookup_match
 from specheads.decoding.verify import select_rows, verify_tree
-from specheads.heads import EagleConfig, EagleDrafter, load_head
+from specheads.heads import EagleConfig, EagleHead, load_head
 from specheads.target import load_target
 
 QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "long_context" / "questions.jsonl"
@@ -117,7 +117,7 @@ def head_speed(model: Any, tokenizer: Any, drafter: Any, ids: torch.Tensor, new_
 def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     model, tokenizer = load_target(args.target)
     torch.manual_seed(0)
-    head = load_head(args.head, model) if args.head else EagleDrafter(EagleConfig(version=3), model).eval()
+    head = load_head(args.head, model) if args.head else EagleHead(EagleConfig(version=3), model).eval()
     full = build_drafter(head, args.tree)
     windowed = with_drafter_window(full, DrafterWindow(args.sinks, args.window))
     questions = select_per_category(load_questions(args.questions), args.per_length)

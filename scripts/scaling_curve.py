@@ -24,7 +24,7 @@ import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from specheads.heads import HEADS, EagleDrafter
+from specheads.heads import HEADS, EagleHead
 from specheads.target import load_target
 from specheads.training.checkpoint import WEIGHTS_FILE, completed_checkpoints, read_step
 from specheads.training.config import LoraSection, LossSection, load_config
@@ -65,8 +65,8 @@ def checkpoint_head(cfg, target, checkpoint: Path, out: Path) -> torch.nn.Module
         return load_head(out, target)
     head_cls = HEADS[cfg.head.type]
     config = head_cls.config_class.from_dict(dict(cfg.head.options))
-    if head_cls is EagleDrafter and getattr(config, "draft_vocab_size", None):
-        head = EagleDrafter(config, target, d2t=torch.arange(config.draft_vocab_size))  # replaced by the saved maps
+    if head_cls is EagleHead and getattr(config, "draft_vocab_size", None):
+        head = EagleHead(config, target, d2t=torch.arange(config.draft_vocab_size))  # replaced by the saved maps
     else:
         head = head_cls(config, target)
     state = safetensors.torch.load_file(str(checkpoint / WEIGHTS_FILE))

@@ -30,6 +30,8 @@ import torch
 from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.heads.tree_layers import TREE_ATTENTION_IMPLEMENTATIONS, tree_obstacle
+
 logger = logging.getLogger(__name__)
 
 
@@ -63,9 +65,6 @@ SAFE_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 """The weight files ``from_pretrained(..., use_safetensors=True)`` reads from a model folder."""
 PICKLED_WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """Weight files that torch.load would read (pickles): named in the refusal of a folder that has only these."""
-
-# Attention implementations that pass an additive float 4D mask straight through (flash kernels take no such mask).
-TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 
 
 class TargetLoadError(RuntimeError):
@@ -314,32 +313,12 @@ def _convert_builtin(name: str, target_dir: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@torch.no_grad()
 def check_tree_attention_support(model: PreTrainedModel) -> None:
-    """Fail early if the model ignores a custom 4D mask or explicit position ids.
-
-    Probe: feed tokens [a, b] where b may not see a and both sit at position 0. Then b's logits must equal those
-    of b fed alone. A model that silently builds its own causal mask (or ignores position ids) fails this.
-    """
-    device = model.device
-    param_dtype = next(model.parameters()).dtype
-    ids = torch.tensor([[1, 2]], device=device)
-    blocked = torch.finfo(param_dtype).min
-    mask = torch.tensor([[[[0.0, blocked], [blocked, 0.0]]]], dtype=param_dtype, device=device)  # (1, 1, 2, 2)
-    try:
-        pair = model(input_ids=ids, attention_mask=mask, position_ids=torch.zeros_like(ids)).logits[0, 1]
-    except Exception as err:  # noqa: BLE001 - any failure here means the architecture is unusable for trees
-        raise TargetLoadError(
-            f"{type(model).__name__} does not accept a 4D attention mask with explicit position_ids "
-            f"({type(err).__name__}: {err}); tree verification needs both."
-        ) from err
-    alone = model(input_ids=ids[:, 1:], position_ids=torch.zeros_like(ids[:, 1:])).logits[0, 0]
-    tolerance = 1e-3 if param_dtype == torch.float32 else 5e-2
-    if not torch.allclose(pair.float(), alone.float(), atol=tolerance * max(1.0, alone.abs().max().item())):
-        raise TargetLoadError(
-            f"{type(model).__name__} ignores a custom 4D attention mask or explicit position_ids (a masked-out token "
-            "changed the logits); tree verification would be silently wrong with this architecture."
-        )
+    """Fail early if the model cannot verify a draft tree, for the reason ``heads.tree_layers.tree_obstacle`` gives
+    (the one answer), its forward probe included: a 4D mask and explicit position ids must be honoured."""
+    reason = tree_obstacle(model, probe=True)
+    if reason is not None:
+        raise TargetLoadError(reason)
 
 
 @contextlib.contextmanager

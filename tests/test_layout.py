@@ -1,6 +1,6 @@
 """The architecture's arrows, checked on the source: training and decoding use heads; heads uses neither;
-decoding never imports training; no module imports itself back through others, lazily or not. Also: every
-`specheads` subcommand is real and answers --help."""
+decoding never imports training; no module imports itself back through others, lazily or not; no module is over
+the size limit. Also: every `specheads` subcommand is real and answers --help."""
 
 import ast
 import importlib
@@ -123,6 +123,37 @@ def test_no_import_cycles():
     assert not cycles, "import cycles (move what both sides need into a module of its own): " + "; ".join(cycles)
 
 
+MAX_MODULE_LINES = 420
+"""Modules stay under ~400 lines (docs/design.md): one job each, readable in one sitting; a little slack for a
+docstring or a refusal added late."""
+
+
+def oversized_modules(package: Path = PACKAGE, limit: int = MAX_MODULE_LINES) -> list[str]:
+    """``path (N lines)`` for every module of the package longer than ``limit`` lines, longest first."""
+    sizes = {path: len(path.read_text().splitlines()) for path in package.rglob("*.py")}
+    return [
+        f"{path.relative_to(package.parent).as_posix()} ({lines} lines)"
+        for path, lines in sorted(sizes.items(), key=lambda item: -item[1])
+        if lines > limit
+    ]
+
+
+def test_the_size_check_names_every_module_over_the_limit(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "short.py").write_text("x = 1\n" * 5)
+    (package / "sub" / "long.py").write_text("x = 1\n" * 12)
+    (package / "longer.py").write_text("x = 1\n" * 20)
+    assert oversized_modules(package, limit=10) == ["pkg/longer.py (20 lines)", "pkg/sub/long.py (12 lines)"]
+    assert oversized_modules(package, limit=20) == []
+
+
+def test_no_module_is_over_the_size_limit():
+    assert len(list(PACKAGE.rglob("*.py"))) > 20, "no modules found: the size check is looking in the wrong place"
+    offenders = oversized_modules()
+    assert not offenders, f"modules over {MAX_MODULE_LINES} lines (split each along a seam): " + ", ".join(offenders)
+
+
 DECODING_CALLERS = ("__init__.py", "cli.py")
 """The decoding modules that may import the tuning: the public re-exports and the command line, which pass it in."""
 
@@ -156,3 +187,11 @@ def test_top_level_help_lists_commands(capsys):
     out = capsys.readouterr().out
     assert all(command in out for command in SUBCOMMANDS)
     assert main([]) == 2
+
+
+def test_the_target_asks_only_the_capability_check_of_heads():
+    """``target.load_target`` asks ``heads.tree_layers.tree_obstacle`` (the one answer to "can it verify a tree");
+    that module imports nothing of specheads, so the target never reaches back into the heads it serves."""
+    target_imports = {name for name in _imports(PACKAGE / "target.py") if name.startswith("specheads")}
+    assert target_imports == {"specheads.heads.tree_layers"}
+    assert not [name for name in _imports(PACKAGE / "heads" / "tree_layers.py") if name.startswith("specheads")]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from packaging.requirements import Requirement
-from transformers import LlamaForCausalLM, T5Config
+from transformers import DynamicCache, LlamaForCausalLM, T5Config
 
 from specheads.target import (
     BUILTIN_TARGETS,
@@ -98,10 +98,10 @@ def test_a_head_loads_silently_onto_its_target_loaded_by_path(smollm2, tmp_path)
     on it loads without a "trained for another target" warning (the weight probe matches), and in bf16 too."""
     import warnings
 
-    from specheads.heads import EagleConfig, EagleDrafter, load_head
+    from specheads.heads import EagleConfig, EagleHead, load_head
 
     model, _ = smollm2
-    EagleDrafter(EagleConfig(version=1), model).save_pretrained(tmp_path / "head")
+    EagleHead(EagleConfig(version=1), model).save_pretrained(tmp_path / "head")
     for dtype in (torch.float32, torch.bfloat16):
         by_path, _ = load_target(builtin_cache_dir(SMOLLM2), dtype=dtype)
         assert by_path.config.name_or_path != SMOLLM2
@@ -219,8 +219,8 @@ def test_unsupported_attention_implementation():
 class _MaskIgnoringLlama(LlamaForCausalLM):
     """Stands in for an architecture that builds its own causal mask and drops the one it is given."""
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
-        return super().forward(input_ids=input_ids, **kwargs)
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, **kwargs):
+        return super().forward(input_ids=input_ids, cache=cache, **kwargs)
 
 
 def test_architecture_ignoring_4d_masks_is_rejected():
@@ -230,6 +230,28 @@ def test_architecture_ignoring_4d_masks_is_rejected():
     ignoring.load_state_dict(tiny.state_dict())
     with pytest.raises(TargetLoadError, match="ignores a custom 4D attention mask"):
         check_tree_attention_support(ignoring)
+
+
+def test_load_target_refuses_what_the_one_capability_check_refuses(tmp_path, monkeypatch):
+    """``load_target`` asks ``heads.tree_layers.tree_obstacle`` (the generator's answer too), so a target the decoder
+    would refuse is refused when it loads, with the same reason; training loads it unchecked and is warned instead."""
+    from specheads.heads import tree_layers
+    from tests.tiny_models import save_tiny_target
+
+    folder = save_tiny_target(tmp_path / "target")
+    load_target(str(folder))  # a stock Llama can verify trees
+
+    def recurrent(config):  # a cache layer that folds every node into one state, as a linear-attention layer's does
+        cache = DynamicCache(config=config)
+        cache.layers[0] = type("LinearAttentionLayer", (), {})()
+        return cache
+
+    monkeypatch.setattr(tree_layers, "DynamicCache", recurrent)
+    with pytest.raises(TargetLoadError, match=r"cache layers of kinds \['DynamicLayer', 'LinearAttentionLayer'\]"):
+        load_target(str(folder))
+    target, _ = load_target(str(folder), check_tree_attention=False)
+    with pytest.warns(UserWarning, match="cache layers of kinds.*specheads' decoder will refuse this target"):
+        tree_layers.warn_if_trees_cannot_be_verified(target)
 
 
 @pytest.mark.slow

@@ -22,30 +22,20 @@ from specheads.bench.calibration import (
     check_calibration_source,
     render_prompt,
 )
-from specheads.bench.methods import Method, hf_method, specheads_method
+from specheads.bench.lineup import build_methods
 from specheads.bench.questions import held_out_questions, load_questions, select_per_category
 from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_available, write_report
 from specheads.bench.runner import mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
 from specheads.decoding.cli import resolve_head_argument
-from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
-from specheads.decoding.generator import Kernels
 from specheads.decoding.tuning.auto_tree import (
-    DrafterSpec,
-    auto_drafter,
-    auto_tree_cache_path,
-    fixed_drafter,
     parse_solo_length,
-    prompt_lookup_drafter,
-    remember_tree,
-    with_lookup_branch,
 )
-from specheads.decoding.tuning.cost_curve import CostCurve, load_or_measure_cost_curve
 from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
 from specheads.shipped_data import find_default_questions
-from specheads.target import TargetLoadError, cache_root, resolve_device_dtype
+from specheads.target import TargetLoadError, resolve_device_dtype
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,160 +144,6 @@ def _solo_length(value: str) -> int | str:
         return parse_solo_length(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def build_methods(
-    settings: BenchSettings,
-    target: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    calibration: list[torch.Tensor],
-    calibration_source: str = "the benchmark's calibration prompts",
-    kernels: Kernels | None = None,
-) -> list[Method]:
-    """Baseline first, then transformers' methods, specheads prompt lookup and one method per head. Every ``auto``
-    tree chosen is also cached for ``specheads generate --tree auto`` on this device (``auto_tree_cache_path``).
-    Every method, transformers' included, runs inside ``kernels`` (``SpeculativeGenerator``'s hook)."""
-    methods = [hf_method("generate", target, description="transformers generate (baseline)", kernels=kernels)]
-    if "hf-prompt-lookup" in settings.methods:
-        n = settings.prompt_lookup_tokens
-        label = f"prompt_lookup_num_tokens={n}"
-        methods.append(
-            hf_method("hf-prompt-lookup", target, description=label, kernels=kernels, prompt_lookup_num_tokens=n)
-        )
-    if "hf-assisted" in settings.methods:
-        assistant, label = _assistant(settings, target)
-        what = f"assistant_model: {label}"
-        methods.append(hf_method("hf-assisted", target, description=what, assistant=assistant, kernels=kernels))
-    acceptance = "greedy" if settings.temperature == 0 else "speculative"
-    if "specheads-plain" in settings.methods:
-        spec = DrafterSpec(None, "root only (no drafter)")
-        methods.append(_specheads("specheads-plain", target, tokenizer, spec, acceptance, "no drafter", kernels))
-    if "specheads-lookup" in settings.methods:
-        spec = prompt_lookup_drafter(settings.prompt_lookup_tokens)
-        methods.append(_specheads("specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup", kernels))
-    trees = settings.trees or ["auto"]
-    if len(trees) not in (1, len(settings.heads)):
-        raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
-    trees = trees * len(settings.heads) if len(trees) == 1 else trees
-    if not calibration and "auto" in trees[: len(settings.heads)]:
-        # auto_drafter would choose (and cache for specheads generate) a tree from no acceptance at all
-        raise ValueError(
-            "--tree auto needs calibration prompts and got none; pass --calibration-data FILE, or a fixed --tree"
-        )
-    curve = None
-    for head_arg, tree in zip(settings.heads, trees):
-        if tree == "auto" and curve is None:
-            curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate, kernels=kernels)
-            relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
-            print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
-        if any(m.name == f"specheads-{Path(head_arg).name}" for m in methods):
-            raise ValueError(f"two --head folders are both named {Path(head_arg).name!r}; rename one")
-        calibrated = (calibration, calibration_source, curve, kernels)
-        methods += _head_methods(settings, head_arg, tree, target, tokenizer, *calibrated)
-    return methods
-
-
-def _assistant(settings: BenchSettings, target: PreTrainedModel) -> tuple[torch.nn.Module, str]:
-    """The draft model for transformers' assisted generation (``--assistant``, else the target's first layers)."""
-    from specheads.heads import DraftModel, load_head
-
-    if settings.assistant:
-        trained = load_head(settings.assistant, target)
-        if trained.head_type != "draft_model":
-            raise ValueError(
-                f"--assistant {settings.assistant} is a head of type {trained.head_type!r}; transformers' assisted "
-                "generation needs a draft model (a small causal LM, type 'draft_model'); pass this one with --head"
-            )
-        assistant, label = trained.model, settings.assistant
-    else:
-        layers = min(settings.assistant_layers, target.config.get_text_config().num_hidden_layers - 1)
-        if layers < 1:
-            raise ValueError("the target has one layer: no smaller assistant can be cut from it; pass --assistant")
-        assistant = DraftModel.from_target(target, layers).model.to(target.device).eval()
-        label = f"first {layers} target layers (untrained)"
-    return assistant.requires_grad_(False), label
-
-
-def _head_methods(
-    settings: BenchSettings,
-    head_arg: str,
-    tree: str,
-    target: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    calibration: list[torch.Tensor],
-    calibration_source: str,
-    curve: CostCurve | None,
-    kernels: Kernels | None = None,
-) -> list[Method]:
-    """One head's methods: its tree, and with ``--backoff``, ``--lookup-branch`` and ``--lookup-solo`` those
-    variants. An ``auto`` tree is chosen on ``curve`` and cached for ``specheads generate --tree auto``."""
-    from specheads.heads import LORA_DIR, load_head, resolve_head_folder
-
-    head_dir = resolve_head_folder(head_arg)  # a Hub id is fetched once; everything below reads this folder
-    if (head_dir / LORA_DIR).is_dir():
-        raise ValueError(
-            f"{head_arg} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
-            "not comparable to the plain target's. Merge the adapter into a target copy and pass it as --target."
-        )
-    head = load_head(head_dir, target).to(target.device).eval()
-    acceptance = "greedy" if settings.temperature == 0 else "speculative"
-    curve = curve if tree == "auto" else None
-    if curve is not None:
-        spec = auto_drafter(head, target, tokenizer, curve, calibration, kernels=kernels)
-    else:
-        spec = fixed_drafter(head, tree)
-    name, what = f"specheads-{Path(head_arg).name}", f"{head.head_type} head"
-    methods = [_specheads(name, target, tokenizer, spec, acceptance, what, kernels, curve)]
-    if settings.backoff and spec.drafter is not None:
-        backoff = f"{what}, draft backoff"
-        methods.append(
-            _specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, backoff, kernels, curve, True)
-        )
-    if settings.lookup_branch:
-        branch = with_lookup_branch(spec, settings.lookup_branch)
-        what_branch = f"{what} + lookup"
-        methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, what_branch, kernels, curve))
-    if settings.drafter_window and spec.drafter is not None:
-        window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
-        cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto)
-        windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"
-        methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, kernels, curve))
-    priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
-    if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
-        solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
-        alone = "where the cost model says" if settings.lookup_solo == "auto" else f"on {settings.lookup_solo}-grams"
-        what_solo = f"{what} + lookup, alone {alone}"
-        methods.append(
-            _specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, kernels, curve)
-        )
-        if settings.lookup_solo == "auto":
-            priced[settings.lookup_branch] = solo.drafter.solo_ngram
-    if curve is not None:  # what generate --tree auto [--lookup-solo auto] reuses on this device
-        assert spec.auto is not None
-        cached_as = auto_tree_cache_path(cache_root(), head_dir, target)
-        failed = remember_tree(cached_as, spec.auto, f"specheads bench on {calibration_source}", priced)
-        if failed:
-            print(f"note: the auto tree could not be cached for specheads generate ({failed})", file=sys.stderr)
-    return methods
-
-
-def _specheads(
-    name: str,
-    target: Any,
-    tokenizer: Any,
-    spec: DrafterSpec,
-    acceptance: str,
-    what: str,
-    kernels: Kernels | None,
-    curve: CostCurve | None = None,
-    backoff: bool = False,
-) -> Method:
-    extra: dict[str, Any] = {"tree": spec.tree, "backoff": backoff}
-    if spec.auto is not None and curve is not None:
-        extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
-        extra["cost_curve"] = asdict(curve)
-    description = f"specheads, {what}"
-    return specheads_method(name, target, tokenizer, spec.drafter, acceptance, description, extra, backoff, kernels)
 
 
 def run_bench(

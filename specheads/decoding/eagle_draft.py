@@ -28,7 +28,7 @@ from transformers import DynamicCache
 from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, draw_children
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.tree import DynamicTreeConfig, reindex_parents, select_dynamic_nodes
-from specheads.heads import EagleDrafter
+from specheads.heads import EagleHead
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,10 @@ class EagleState:
 
 
 class EagleTreeDrafter:
-    """Wraps an ``EagleDrafter`` head (v1 or v3). Token ids in the tree are target ids (mapped with ``d2t``)."""
+    """Wraps an ``EagleHead`` head (v1 or v3). Token ids in the tree are target ids (mapped with ``d2t``)."""
 
     def __init__(
-        self, head: EagleDrafter, tree: DynamicTreeConfig | None = None, window: DrafterWindow | None = None
+        self, head: EagleHead, tree: DynamicTreeConfig | None = None, window: DrafterWindow | None = None
     ) -> None:
         """``window``: keep only sink and recent rows in the drafter's cache (None: every committed row)."""
         self.head = head

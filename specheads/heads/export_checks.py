@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from specheads.heads.base import DraftHead
 from specheads.heads.borrowed import LogitTransform, logit_transform
-from specheads.heads.eagle import EagleDrafter
+from specheads.heads.eagle import EagleHead
 from specheads.heads.masks import causal_additive_mask
 
 LLAMA_NUMBERS_TOLERANCE = 1e-4
@@ -41,7 +41,7 @@ def check_no_logit_finish(head: DraftHead, target: PreTrainedModel) -> None:
         )
 
 
-def check_llama_layer(head: EagleDrafter, tensors: dict[str, Any], prefix: str, expected: frozenset | set) -> None:
+def check_llama_layer(head: EagleHead, tensors: dict[str, Any], prefix: str, expected: frozenset | set) -> None:
     """The engines' drafters are Llama layers: a target layer with other tensors (biases, q/k norms) cannot map."""
     found = {name for name in tensors if name.startswith(prefix)}
     if found != expected:
@@ -72,7 +72,7 @@ def check_llama_layer(head: EagleDrafter, tensors: dict[str, Any], prefix: str, 
     _check_llama_scales(head)
 
 
-def _check_llama_scales(head: EagleDrafter) -> None:
+def _check_llama_scales(head: EagleHead) -> None:
     """Numbers a Llama layer does not have: Granite's attention_multiplier (scores scaled by it instead of
     1/sqrt(head_dim)) and residual_multiplier (each branch scaled before the residual add), SmolLM3's NoPE layers."""
     attn = head.layer.self_attn
@@ -106,7 +106,7 @@ def check_reads_last_hidden_state(head: DraftHead) -> None:
         )
 
 
-def check_computes_as_llama(head: EagleDrafter, config: dict[str, Any]) -> None:
+def check_computes_as_llama(head: EagleHead, config: dict[str, Any]) -> None:
     """The engines run the exported layer as transformers' Llama attention and MLP built from the exported
     ``config``: the drafter's own must compute the same numbers. Same tensors and settings can still differ in how
     the rotary embedding is applied (Helium's and ERNIE 4.5's interleave pairs of channels; Llama rotates halves) or

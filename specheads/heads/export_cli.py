@@ -21,7 +21,7 @@ from specheads.heads.base import WEIGHTS_NAME
 from specheads.heads.card import base_model_id, builtin_weights_note
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
-from specheads.heads.eagle import EagleDrafter
+from specheads.heads.eagle import EagleHead
 from specheads.heads.hub import HubError
 from specheads.heads.interop import ENGINES, ExportError, export_head
 from specheads.heads.load import LORA_DIR, load_head, read_head_config, resolve_head_folder
@@ -105,7 +105,7 @@ def saved_dtype(folder: Path) -> torch.dtype | None:
 
 def serve_instructions(head: object, engine: str, target_name: str, out: str) -> str:
     """How to serve an exported head with ``engine``; ``target_name`` is the target's Hub id or local path."""
-    if isinstance(head, EagleDrafter):
+    if isinstance(head, EagleHead):
         method, steps = ("eagle3" if head.version == 3 else "eagle"), 3
     elif isinstance(head, DraftModel):
         method, steps = "draft_model", 4

@@ -1,5 +1,5 @@
-"""Serving-engine formats: export trained heads to the checkpoints vLLM and SGLang load, and load EAGLE-3
-checkpoints written in that format (by SpecForge or the EAGLE authors) as specheads heads.
+"""Serving-engine formats: export trained heads to the checkpoints vLLM and SGLang load (EAGLE-3 checkpoints in
+that format, by SpecForge or the EAGLE authors, load back as specheads heads: ``heads/eagle3_checkpoint.py``).
 
 - **EAGLE-3** -> the Llama EAGLE-3 draft checkpoint that SpecForge writes and both engines read (vLLM
   ``Eagle3LlamaForCausalLM``, SGLang ``LlamaForCausalLMEagle3``): ``config.json`` is a ``LlamaConfig`` with one
@@ -35,21 +35,15 @@ from typing import Any
 import safetensors
 import safetensors.torch
 import torch
-from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME, DraftHead, make_readable
 from specheads.heads.card import base_model_id
-from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.draft_model import DraftModel
-from specheads.heads.eagle import (
-    LLAMA_LAYER,
-    EagleConfig,
-    EagleDrafter,
-    default_eagle3_layer_ids,
-    eagle3_layer_order_problem,
-    llama_layer_config,
-    llama_layer_settings,
-)
+from specheads.heads.eagle import EagleHead
+from specheads.heads.eagle3_checkpoint import EAGLE3_ARCHITECTURES, EAGLE3_LAYER_PREFIX
+from specheads.heads.eagle_config import LLAMA_LAYER, eagle3_layer_order_problem
+from specheads.heads.eagle_layer import llama_layer_config, llama_layer_settings
 from specheads.heads.engine_targets import eagle3_target_warning
 from specheads.heads.export_checks import (
     ExportError,
@@ -61,21 +55,13 @@ from specheads.heads.export_checks import (
 from specheads.heads.medusa import MedusaHeads
 from specheads.heads.speculators_format import (
     SPECULATORS_ENGINE,
-    as_engine_checkpoint,
-    is_speculators_checkpoint,
     speculators_checkpoint,
 )
 
 ENGINES = ("vllm", "sglang", SPECULATORS_ENGINE)
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
-"""``architectures`` names of a Llama EAGLE-3 draft checkpoint; the first is what SpecForge and SGLang write."""
-
 SGLANG_EAGLE1_ARCHITECTURE = "LlamaForCausalLMEagle"
 """SGLang's EAGLE-1 drafter for a Llama layer, the ``architectures`` name its EAGLE-1 checkpoints carry: SGLang loads
 the class a draft's config names (vLLM maps a ``LlamaForCausalLM`` draft to its EAGLE drafter itself)."""
-
-EAGLE3_LAYER_PREFIX = "midlayer."
-"""The engines' name for the drafter's single decoder layer (``layer.`` here)."""
 
 _LLAMA_LAYER_TENSORS = frozenset(
     f"{EAGLE3_LAYER_PREFIX}{name}.weight"
@@ -113,7 +99,7 @@ def export_head(
         return _export_draft_model(head, out, dtype, tokenizer)
     config, tensors = serving_checkpoint(head, target, engine)
     family = target.config.get_text_config().model_type
-    if isinstance(head, EagleDrafter) and head.version == 3:
+    if isinstance(head, EagleHead) and head.version == 3:
         if reason := eagle3_target_warning(engine, family, list(head.layer_ids)):
             warnings.warn(reason, stacklevel=2)
     tensors = {name: _cast(t, dtype) for name, t in tensors.items()}
@@ -134,14 +120,14 @@ def serving_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The config and tensors ``export_head`` writes for an EAGLE head or Medusa heads, after every check that the
     engine computes what the head does; raises ``ExportError`` with the reason where it would not."""
-    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleDrafter) and head.version == 3):
+    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleHead) and head.version == 3):
         raise ExportError(
             f"the speculators format holds EAGLE-3 drafters here, not {type(head).__name__} (EAGLE-1 or Medusa); "
             "use --engine vllm (or sglang for EAGLE-1)"
         )
-    if isinstance(head, EagleDrafter) and head.version == 1:
+    if isinstance(head, EagleHead) and head.version == 1:
         config, tensors = _eagle1_checkpoint(head, target, engine)
-    elif isinstance(head, EagleDrafter):
+    elif isinstance(head, EagleHead):
         config, tensors = _eagle3_checkpoint(head, target, engine)
     elif isinstance(head, MedusaHeads):
         if engine != "vllm":
@@ -175,7 +161,7 @@ def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 
 def _eagle3_checkpoint(
-    head: EagleDrafter, target: PreTrainedModel, engine: str
+    head: EagleHead, target: PreTrainedModel, engine: str
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     tensors = {}
     for name, tensor in head.state_dict().items():
@@ -194,7 +180,7 @@ def _eagle3_checkpoint(
 
 
 def _eagle1_checkpoint(
-    head: EagleDrafter, target: PreTrainedModel, engine: str
+    head: EagleHead, target: PreTrainedModel, engine: str
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     if head.config.input_norm:
         raise ExportError(
@@ -229,7 +215,7 @@ def _eagle1_checkpoint(
 
 
 def _check_runs_as_llama(
-    head: EagleDrafter, tensors: dict[str, torch.Tensor], prefix: str, expected: set | frozenset, config: dict
+    head: EagleHead, tensors: dict[str, torch.Tensor], prefix: str, expected: set | frozenset, config: dict
 ) -> None:
     """The engines run the drafter's layer as a Llama layer: its tensors, then its numbers, must be one's. A layer
     built from the target's class that is not says how to train one that exports."""
@@ -245,7 +231,7 @@ def _check_runs_as_llama(
         ) from error
 
 
-def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> dict[str, Any]:
+def _eagle3_config(head: EagleHead, target: PreTrainedModel, engine: str) -> dict[str, Any]:
     config = _llama_draft_config(head, target, [EAGLE3_ARCHITECTURES[0]])
     config["draft_vocab_size"] = head.draft_vocab_size
     layer_ids = list(head.layer_ids)
@@ -278,7 +264,7 @@ def _eagle3_config(head: EagleDrafter, target: PreTrainedModel, engine: str) -> 
     return config
 
 
-def _llama_draft_config(head: EagleDrafter, target: PreTrainedModel, architectures: list[str]) -> dict[str, Any]:
+def _llama_draft_config(head: EagleHead, target: PreTrainedModel, architectures: list[str]) -> dict[str, Any]:
     """A one-layer ``LlamaConfig`` (as a dict) with the drafter layer's shapes, rotary and norm settings: its own
     (``draft_layer=llama``) or those a Llama layer for the target would have (``draft_layer=target``, whose layer
     ``check_computes_as_llama`` then holds to them)."""
@@ -342,93 +328,3 @@ def _export_draft_model(
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return sorted(p.name for p in out.iterdir())
-
-
-def is_eagle3_checkpoint(meta: dict[str, Any]) -> bool:
-    """Whether a ``config.json`` describes a Llama EAGLE-3 draft checkpoint (SpecForge / vLLM / SGLang layout, or
-    the speculators format)."""
-    return is_speculators_checkpoint(meta) or any(
-        arch in EAGLE3_ARCHITECTURES for arch in meta.get("architectures") or ()
-    )
-
-
-def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -> EagleDrafter:
-    """An ``EagleDrafter`` (v3, eval, frozen) from a Llama EAGLE-3 draft checkpoint folder, strictly: every tensor
-    must map onto the drafter and every drafter tensor must be present (the embedding, when shipped, must equal the
-    target's, since this drafter reads the target's)."""
-    folder = Path(folder)
-    meta = json.loads((folder / CONFIG_NAME).read_text())
-    weights = folder / WEIGHTS_NAME
-    if not weights.is_file():
-        pickles = sorted(p.name for p in folder.glob("*.bin"))
-        hint = f"; found {pickles}, which specheads does not unpickle: convert them to safetensors" if pickles else ""
-        raise HeadLoadError(f"{folder} has no {WEIGHTS_NAME}{hint}")
-    meta, tensors = as_engine_checkpoint(meta, safetensors.torch.load_file(str(weights)))
-    # the engines' EAGLE-3 drafter is a Llama layer whatever the target, with the checkpoint's own settings
-    layer = llama_layer_settings(LlamaConfig.from_dict(meta))
-    config = EagleConfig(
-        version=3, layer_ids=_eagle3_layer_ids(meta, target), draft_layer=LLAMA_LAYER, llama_layer=layer
-    )
-    config.draft_vocab_size = int(meta.get("draft_vocab_size") or meta["vocab_size"])
-    _check_eagle3_shapes(meta, target, folder)
-    if "d2t" not in tensors and config.draft_vocab_size != target.config.get_text_config().vocab_size:
-        raise HeadLoadError(
-            f"{weights} has a {config.draft_vocab_size}-token draft vocabulary but no d2t tensor mapping it onto the "
-            f"target's {target.config.get_text_config().vocab_size} tokens; without it every drafted id would name "
-            "the wrong token. Export the checkpoint with its d2t (SpecForge and the EAGLE-3 reference both save it)."
-        )
-    offsets = tensors.pop("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-    head = EagleDrafter(config, target, d2t=offsets.long() + torch.arange(offsets.numel()))
-    tensors.pop("t2d", None)  # rebuilt from d2t
-    embedding = tensors.pop("embed_tokens.weight", None)
-    own = head.borrowed.embed_tokens.weight.detach()
-    if embedding is not None and not torch.equal(embedding.to(own), own):
-        raise HeadLoadError(
-            f"{weights} ships an embedding that differs from the target's; this drafter reads the target's embedding, "
-            "so it would not reproduce the checkpoint. Load it onto the target it was trained for."
-        )
-    state = {_specheads_name(name): tensor for name, tensor in tensors.items()}
-    state["d2t"], state["t2d"] = head.d2t, head.t2d
-    expected = {name: tuple(t.shape) for name, t in head.state_dict().items()}
-    found = {name: tuple(t.shape) for name, t in state.items()}
-    if expected != found:
-        raise HeadLoadError(
-            f"{weights} does not map onto an EAGLE-3 drafter for this target: "
-            f"missing {sorted(set(expected) - set(found))}, unexpected {sorted(set(found) - set(expected))}, "
-            f"shapes differing {sorted(n for n in set(found) & set(expected) if found[n] != expected[n])}"
-        )
-    head.load_state_dict(state, strict=True)
-    head.to(target.device).eval().requires_grad_(False)
-    return head
-
-
-def _specheads_name(name: str) -> str:
-    if not name.startswith(EAGLE3_LAYER_PREFIX):
-        return name
-    rest = name.removeprefix(EAGLE3_LAYER_PREFIX)
-    return rest if rest.startswith("hidden_norm.") else "layer." + rest
-
-
-def _eagle3_layer_ids(meta: dict[str, Any], target: PreTrainedModel) -> list[int]:
-    """vLLM's top-level ids are hidden-state indices; SGLang's ``eagle_config`` ids are layer outputs (+1)."""
-    if meta.get("eagle_aux_hidden_state_layer_ids"):
-        return [int(i) for i in meta["eagle_aux_hidden_state_layer_ids"]]
-    sglang_ids = (meta.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if sglang_ids:
-        return [int(i) + 1 for i in sglang_ids]
-    return default_eagle3_layer_ids(target.config.get_text_config().num_hidden_layers)
-
-
-def _check_eagle3_shapes(meta: dict[str, Any], target: PreTrainedModel, folder: Path) -> None:
-    text = target.config.get_text_config()
-    if meta.get("num_hidden_layers", 1) != 1:
-        raise HeadLoadError(f"{folder}: {meta['num_hidden_layers']} drafter layers; specheads' EAGLE-3 drafter has one")
-    wanted = {"hidden_size": text.hidden_size, "vocab_size": text.vocab_size}
-    wrong = [
-        f"{key}: checkpoint {meta.get(key)}, target {value}" for key, value in wanted.items() if meta.get(key) != value
-    ]
-    target_hidden = meta.get("target_hidden_size")
-    if target_hidden not in (None, text.hidden_size):
-        wrong.append(f"target_hidden_size: checkpoint {target_hidden}, target {text.hidden_size}")
-    if wrong:
-        raise HeadConfigError(f"{folder} was not trained for this target: " + "; ".join(wrong))

@@ -19,13 +19,14 @@ from specheads.heads.borrowed import UnsupportedTargetError
 from specheads.heads.card import ADAPTER_KEY
 from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadError, TargetRecord
 from specheads.heads.draft_model import DraftModel
-from specheads.heads.eagle import EagleDrafter, target_to_draft
-from specheads.heads.interop import is_eagle3_checkpoint, load_eagle3_checkpoint
+from specheads.heads.eagle import EagleHead
+from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint, load_eagle3_checkpoint
+from specheads.heads.eagle_config import target_to_draft
 from specheads.heads.medusa import MedusaHeads
 
 HEADS: dict[str, type[DraftHead]] = {
     "medusa": MedusaHeads,
-    "eagle": EagleDrafter,
+    "eagle": EagleHead,
     "draft_model": DraftModel,
 }
 """The literal registry of head types, keyed by the ``head_type`` written into ``config.json``."""
@@ -212,7 +213,7 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
         safetensors.torch.load_model(head, str(path), strict=True)
     except Exception as err:  # noqa: BLE001 - a truncated payload only shows up while reading tensor data
         raise HeadLoadError(f"{path} could not be read ({err}); the file is corrupt or truncated") from err
-    if isinstance(head, EagleDrafter) and head.version == 3:  # EAGLE-1 drafts over the whole vocabulary
+    if isinstance(head, EagleHead) and head.version == 3:  # EAGLE-1 drafts over the whole vocabulary
         _check_vocab_maps(head, path)
 
 
@@ -238,7 +239,7 @@ def _stored_kind(code: str) -> str:
     return "bool" if code == "BOOL" else "float" if code.startswith(("F", "BF")) else "integer"
 
 
-def _check_vocab_maps(head: EagleDrafter, path: Path) -> None:
+def _check_vocab_maps(head: EagleHead, path: Path) -> None:
     """``d2t`` names distinct target tokens and ``t2d`` is its inverse: a hand-made or edited map that is not would
     draft other tokens than the head scored."""
     vocab, d2t = head.t2d.numel(), head.d2t

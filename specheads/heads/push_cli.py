@@ -16,10 +16,11 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
 from specheads.heads.config import HeadConfigError
+from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint
 from specheads.heads.export_cli import export_main
 from specheads.heads.files import CARD_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 from specheads.heads.hub import HubError, files_to_upload, push_folder
-from specheads.heads.interop import ENGINES, SGLANG_EAGLE1_ARCHITECTURE, is_eagle3_checkpoint
+from specheads.heads.interop import ENGINES, SGLANG_EAGLE1_ARCHITECTURE
 from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, required_adapter, safetensors_header
 from specheads.heads.serving_card import write_serving_card
 from specheads.heads.speculators_format import is_speculators_checkpoint

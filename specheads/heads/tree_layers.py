@@ -1,18 +1,19 @@
 """Whether a target can verify a draft tree, and why not: the one answer, ``tree_obstacle``, that every caller asks
-(the generator and its exactness probe, training's early warning). Read from the model's attention implementation,
-its forward and the cache transformers builds for it, so training can say so before hours are spent on a head that
-specheads' decoder would refuse (decoding refuses such a target with the same reason)."""
+(``load_target``, the generator and its exactness probe, training's early warning). Read from the model's attention
+implementation, its forward and the cache transformers builds for it, so training can say so before hours are spent
+on a head that specheads' decoder would refuse (decoding refuses such a target with the same reason)."""
 
 from __future__ import annotations
 
 import inspect
 import warnings
 
+import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
-from specheads.target import TREE_ATTENTION_IMPLEMENTATIONS
-
+TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+"""Attention implementations that pass an additive float 4D mask straight through (flash kernels take no such mask)."""
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
 ATTENTION_CACHE_LAYERS = (DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__, DummyLayer.__name__)
 """Cache layers a tree can be verified through: full and sliding-window attention, and the empty placeholder of a
@@ -21,9 +22,10 @@ layer that reads another layer's keys and values (Gemma3n's KV-shared layers), w
 GENERATE_INSTEAD = "Decode this target with transformers' generate"
 
 
-def tree_obstacle(target: PreTrainedModel) -> str | None:
+def tree_obstacle(target: PreTrainedModel, probe: bool = False) -> str | None:
     """Why ``target`` cannot verify a tree, or None when it can: one line saying what was found, what is expected and
-    what to do.
+    what to do. With ``probe``, also what only a forward shows: that it honours a 4D mask and explicit position ids
+    (``mask_probe_obstacle``, two tokens).
 
     Its attention implementation must apply the additive 4D tree mask as given (``sdpa`` or ``eager``); its sliding-
     window layers, if any, must share one window (the verifier builds one mask for all of them).
@@ -42,7 +44,38 @@ def tree_obstacle(target: PreTrainedModel) -> str | None:
             "target.set_attn_implementation('sdpa')"
         )
     reason = _layer_obstacle(target)
-    return None if reason is None else f"{reason}. {GENERATE_INSTEAD}"
+    if reason is not None:
+        return f"{reason}. {GENERATE_INSTEAD}"
+    return mask_probe_obstacle(target) if probe else None
+
+
+@torch.no_grad()
+def mask_probe_obstacle(model: PreTrainedModel) -> str | None:
+    """Whether the model ignores a custom 4D mask or explicit position ids, or None when it honours both.
+
+    Probe: feed tokens [a, b] where b may not see a and both sit at position 0. Then b's logits must equal those
+    of b fed alone. A model that silently builds its own causal mask (or ignores position ids) fails this.
+    """
+    device = model.device
+    param_dtype = next(model.parameters()).dtype
+    ids = torch.tensor([[1, 2]], device=device)
+    blocked = torch.finfo(param_dtype).min
+    mask = torch.tensor([[[[0.0, blocked], [blocked, 0.0]]]], dtype=param_dtype, device=device)  # (1, 1, 2, 2)
+    try:
+        pair = model(input_ids=ids, attention_mask=mask, position_ids=torch.zeros_like(ids)).logits[0, 1]
+    except Exception as err:  # noqa: BLE001 - any failure here means the architecture is unusable for trees
+        return (
+            f"{type(model).__name__} does not accept a 4D attention mask with explicit position_ids "
+            f"({type(err).__name__}: {err}); tree verification needs both."
+        )
+    alone = model(input_ids=ids[:, 1:], position_ids=torch.zeros_like(ids[:, 1:])).logits[0, 0]
+    tolerance = 1e-3 if param_dtype == torch.float32 else 5e-2
+    if not torch.allclose(pair.float(), alone.float(), atol=tolerance * max(1.0, alone.abs().max().item())):
+        return (
+            f"{type(model).__name__} ignores a custom 4D attention mask or explicit position_ids (a masked-out token "
+            "changed the logits); tree verification would be silently wrong with this architecture."
+        )
+    return None
 
 
 def _layer_obstacle(target: PreTrainedModel) -> str | None:
@@ -86,12 +119,12 @@ def sliding_windows(target: PreTrainedModel) -> set[int]:
 
 def warn_if_trees_cannot_be_verified(target: PreTrainedModel) -> None:
     """Training's early word on a target that specheads' decoder will refuse (the head can still be exported)."""
-    reason = tree_obstacle(target)
+    reason = tree_obstacle(target, probe=True)
     if reason is not None:
         warnings.warn(
-            f"{reason}. specheads' decoder will refuse this target, so a head trained on it cannot be decoded or "
-            "benchmarked with specheads; it can still be saved and exported for an engine that drafts for such "
-            "layers",
+            f"{reason.rstrip('.')}. specheads' decoder will refuse this target, so a head trained on it cannot be "
+            "decoded or benchmarked with specheads; it can still be saved and exported for an engine that drafts for "
+            "such layers",
             UserWarning,
             stacklevel=2,
         )

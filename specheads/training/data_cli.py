@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from specheads.heads import default_eagle3_layer_ids
-from specheads.heads.eagle import MIN_EAGLE3_TARGET_LAYERS
+from specheads.heads.eagle_config import MIN_EAGLE3_TARGET_LAYERS
 from specheads.shipped_data import find_default_questions
 from specheads.training.data import FORMATS, DataConfig, DataError, build_datasets
 

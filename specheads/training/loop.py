@@ -28,53 +28,47 @@ from accelerate.utils import (
     ProjectConfiguration,
     set_seed,
 )
+from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
-from transformers.trainer_pt_utils import LengthGroupedSampler
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.heads import HEADS, DraftHead, EagleDrafter, build_vocab_maps, load_head
-from specheads.heads.borrowed import warn_on_unknown_logit_finish
-from specheads.heads.interop import export_obstacle
-from specheads.heads.tree_layers import warn_if_trees_cannot_be_verified
 from specheads.target import load_target
 from specheads.training.accumulation import accumulation_rounds, micro_batches, token_weights
 from specheads.training.checkpoint import (
-    check_resume_config,
-    check_resume_data,
-    data_digest,
     keep_trainable_state_only,
     load_checkpoint,
     output_lock,
     read_rank_state,
     read_step,
-    resolve_resume,
     save_checkpoint,
 )
-from specheads.training.config import ConfigError, TrainConfig, to_container, to_yaml
-from specheads.training.data import DataError, build_datasets, collate
+from specheads.training.config import TrainConfig, to_container, to_yaml
 from specheads.training.feature_cache import (
     FEATURE_CACHES,
-    CachedFeatureDataset,
-    ConcatFeatureCache,
     check_cache_target,
-    collate_features,
-    open_feature_caches,
     warn_ignored_data_settings,
 )
 from specheads.training.features import FeatureSource
 from specheads.training.launch import (
     check_world,
     cpu_processes,
-    has_accelerator,
     launch_device,
     process_group_kwargs,
-    resolve_mixed_precision,
     sync_deepspeed_clipping,
 )
 from specheads.training.losses import Stats, add_stats
 from specheads.training.metrics import Throughput, bar_fields, evaluate, reduce_stats, weights_checksum, with_tau
-from specheads.training.objective import build_objective, hold_adapters, parameter_groups
+from specheads.training.objective import build_objective
+from specheads.training.resume import check_resume_config, check_resume_data, data_digest, resolve_resume
+from specheads.training.run_setup import (
+    build_head,
+    check_before_loading,
+    check_cache,
+    datasets,
+    loaders,
+    optimizer_and_scheduler,
+)
 from specheads.training.tracking import flatten, tracker_setup
 
 logger = logging.getLogger(__name__)
@@ -89,104 +83,6 @@ class TrainResult:
     finished: bool = True  # False when stopped by ``train.stop_after`` (no final head saved)
     checksum: float = 0.0  # of this rank's trainable weights: ranks of a data-parallel run must agree
     target_tokens_per_s: float = 0.0  # non-padding tokens trained on per second, all ranks, eval/saves excluded
-
-
-def build_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:
-    """The head named by ``cfg.head``, in fp32 whatever the target's dtype (AdamW updates to bf16 weights would mostly
-    round away; ``train.mixed_precision`` runs the matmuls in bf16); an EAGLE-3 reduced vocabulary is built from the
-    training tokens. The final head is saved in the target's dtype, as inference runs it.
-
-    With ``head.init_from`` the saved head is loaded instead (its config and, for EAGLE-3, its draft vocabulary).
-    """
-    warn_on_unknown_logit_finish(target)
-    warn_if_trees_cannot_be_verified(target)
-    head = _warm_start(cfg, target) if cfg.head.init_from else _fresh_head(cfg, target, train_dataset).float()
-    reason = export_obstacle(head, target)
-    if reason is not None:  # the head still trains and decodes with specheads; serving it elsewhere needs others
-        logger.info("`specheads export` (vLLM) will refuse this head as configured: %s", reason)
-    return head
-
-
-def _fresh_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -> DraftHead:
-    head_cls = HEADS[cfg.head.type]
-    config = head_cls.config_class.from_dict(copy.deepcopy(dict(cfg.head.options)))
-    vocab = target.config.get_text_config().vocab_size
-    draft_vocab = getattr(config, "draft_vocab_size", None)
-    if head_cls is EagleDrafter and config.version == 3 and draft_vocab and draft_vocab < vocab:
-        d2t, _ = build_vocab_maps(_loss_tokens(train_dataset), vocab, draft_vocab)
-        return EagleDrafter(config, target, d2t=d2t)
-    return head_cls(config, target)
-
-
-def _warm_start(cfg: TrainConfig, target: PreTrainedModel) -> DraftHead:
-    head = load_head(cfg.head.init_from, target, trainable=True)
-    if head.head_type != cfg.head.type:
-        raise ConfigError(
-            f"head.init_from={cfg.head.init_from!r} holds a {head.head_type!r} head but head.type is "
-            f"{cfg.head.type!r}; set head.type={head.head_type} or start from a {cfg.head.type} head"
-        )
-    saved = head.config.to_dict()
-    conflicts = {k: (v, saved[k]) for k, v in cfg.head.options.items() if k in saved and saved[k] != v}
-    if conflicts:
-        listed = ", ".join(f"{k}: config {v!r} vs saved {s!r}" for k, (v, s) in conflicts.items())
-        raise ConfigError(
-            f"head.options disagree with the head in head.init_from={cfg.head.init_from!r} ({listed}); a warm start "
-            "keeps the saved architecture: drop these options or make them match"
-        )
-    return head
-
-
-def _datasets(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any, Any]:
-    """Train and eval datasets and their collate function (online: tokenized chats; offline: feature caches)."""
-    pad = tokenizer.pad_token_id
-    if cfg.features.mode == "offline":
-        roots = [Path(cfg.features.cache_dir), *map(Path, cfg.features.extra_cache_dirs)]
-        return (
-            open_feature_caches([root / "train" for root in roots]),
-            open_feature_caches([root / "eval" for root in roots]),
-            partial(collate_features, pad_token_id=pad),
-        )
-    train_ds, eval_ds = build_datasets(cfg.data, tokenizer)
-    return train_ds, eval_ds, partial(collate, pad_token_id=pad)
-
-
-class EpochLengthGroupedSampler(LengthGroupedSampler):
-    """transformers' length-grouped order (shuffled mega-batches sorted by length), reseeded from ``seed + epoch``
-    so that an epoch's order does not depend on how many epochs this process has run: resume stays exact."""
-
-    def __init__(self, batch_size: int, lengths: list[int], seed: int) -> None:
-        super().__init__(batch_size, lengths=lengths, generator=torch.Generator().manual_seed(seed))
-        self.seed = seed
-
-    def set_epoch(self, epoch: int) -> None:
-        self.generator.manual_seed(self.seed + epoch)
-
-
-def _lengths(dataset: Any) -> list[int]:
-    """Token count of every sample (offline caches read it from the shard offsets, without loading features)."""
-    if isinstance(dataset, FEATURE_CACHES):
-        return dataset.lengths()
-    return [len(ids) for ids in dataset["input_ids"]]
-
-
-def _loss_tokens(dataset: Any) -> list[list[int]]:
-    """Assistant tokens of every training sample (what an EAGLE-3 draft vocabulary is counted from)."""
-    if isinstance(dataset, FEATURE_CACHES):
-        return dataset.loss_tokens()
-    return [[t for t, m in zip(ids, mask) if m] for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"])]
-
-
-def _check_cache(dataset: CachedFeatureDataset | ConcatFeatureCache, layer_ids: list[int], needs_logits: bool) -> None:
-    path = dataset.out_dir
-    missing = sorted(set(layer_ids) - set(dataset.layer_ids))
-    has_distribution = dataset.meta.get("with_logits") or dataset.meta.get("topk")
-    if missing or (needs_logits and not has_distribution):
-        raise ConfigError(
-            f"feature cache {path} holds hidden states {dataset.layer_ids} "
-            f"{'and a target distribution' if has_distribution else 'and no target distribution'}; this head needs "
-            f"hidden states {layer_ids}{' and the distribution' if needs_logits else ''}. Re-run "
-            "`specheads data cache-features` with the head's layer ids."
-        )
 
 
 def train(
@@ -224,41 +120,45 @@ def _library_progress_bars(shown: bool) -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None) -> TrainResult:
+@dataclass
+class _Run:
+    """What ``_prepare`` builds and the loop reads: the prepared objective, optimizer, loaders and schedule, the
+    feature source, and what a resume and the checkpoints need."""
+
+    accelerator: Accelerator
+    objective: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    train_loader: DataLoader
+    eval_loader: DataLoader
+    features: FeatureSource
+    params: list[nn.Parameter]  # after prepare: FSDP replaces parameters by sharded ones; clipping needs them all
+    adapters: bool  # Medusa-2's LoRA adapters train as a second parameter group
+    target: PreTrainedModel
+    target_was_training: bool
+    resume_from: Path | None
+    digest: Any  # the data digest checkpoints record, or None when neither saving nor resuming
+    trackers: tuple[Any, dict[str, Any]]  # Accelerate's log_with and the trackers' init kwargs
+
+
+def _prepare(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None) -> _Run:
+    """Everything before the first step: checks, the target, the Accelerator, data, head, objective, optimizer."""
     tc = cfg.train
-    out = Path(tc.output_dir)
-    resume_from = resolve_resume(tc.resume, out)  # before any loading: a wrong resume fails in seconds
+    resume_from = resolve_resume(tc.resume, Path(tc.output_dir))  # before any loading: a wrong resume fails fast
     if resume_from is not None:
         check_resume_config(resume_from, to_yaml(cfg))
     log_with, init_kwargs = tracker_setup(cfg, resuming=resume_from is not None)
-    precision = resolve_mixed_precision(tc.mixed_precision)
-    if precision == "fp16" and not has_accelerator():
-        raise ConfigError(
-            "train.mixed_precision=fp16 needs a GPU (on CPU, Accelerate would silently train in fp32); "
-            "use train.mixed_precision=bf16 (CPU autocast) or no."
-        )
-    if cfg.features.mode == "online":  # a mistyped data path fails in seconds, not after the target loaded
-        missing = [path for path in cfg.data.paths if not Path(path).is_file()]
-        if missing:
-            raise DataError(f"data file not found: {missing[0]}")
+    precision = check_before_loading(cfg)
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
-        target, tokenizer = load_target(cfg.target.name, dtype=getattr(torch, cfg.target.dtype), device=launch_device())
+        # not refused for trees here: the head can still be exported; build_head warns (tree_layers' one answer)
+        target, tokenizer = load_target(
+            cfg.target.name, dtype=getattr(torch, cfg.target.dtype), device=launch_device(), check_tree_attention=False
+        )
     target_was_training = target.training
-    accelerator = Accelerator(
-        cpu=cpu_processes(),
-        mixed_precision=precision,
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=tc.grad_accum, sync_with_dataloader=False),
-        log_with=log_with,
-        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-        kwargs_handlers=process_group_kwargs(tc.dist_timeout_s),
-    )
-    check_world(accelerator)
-    keep_trainable_state_only(accelerator)
-    set_seed(tc.seed)
+    accelerator = _accelerator(cfg, precision, log_with)
     target.to(accelerator.device)
     with accelerator.main_process_first():
-        train_ds, eval_ds, merge = _datasets(cfg, tokenizer)
+        train_ds, eval_ds, merge = datasets(cfg, tokenizer)
     if cfg.features.mode == "offline":
         check_cache_target(train_ds, target)
         check_cache_target(eval_ds, target)
@@ -275,67 +175,86 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     features = FeatureSource(target, layer_ids, with_logits=objective.needs_logits)
     for dataset in (train_ds, eval_ds):
         if isinstance(dataset, FEATURE_CACHES):
-            _check_cache(dataset, layer_ids, objective.needs_logits)
-    generator = torch.Generator().manual_seed(tc.seed)  # loader worker seeds never draw from the global RNG
-    if tc.group_by_length:
-        sampler = EpochLengthGroupedSampler(tc.batch_size, _lengths(train_ds), tc.seed)
-        train_loader = DataLoader(train_ds, batch_size=tc.batch_size, sampler=sampler, collate_fn=merge)
-    else:
-        train_loader = DataLoader(
-            train_ds, batch_size=tc.batch_size, shuffle=True, collate_fn=merge, generator=generator
-        )
-    eval_loader = DataLoader(eval_ds, batch_size=tc.eval_batch_size, collate_fn=merge)
-    groups = parameter_groups(objective, tc.lr, cfg.lora.lr)
-    optimizer = torch.optim.AdamW(
-        groups, lr=tc.lr, betas=tuple(tc.adam_betas), eps=tc.adam_eps, weight_decay=tc.weight_decay
-    )
-    # Accelerate steps a prepared scheduler once per process per update, so count in those units.
-    n = accelerator.num_processes
-    scheduler = get_scheduler(
-        tc.scheduler, optimizer, num_warmup_steps=tc.warmup_steps * n, num_training_steps=tc.max_steps * n
-    )
-    if len(groups) > 1 and cfg.lora.heads_warmup_steps:
-        scheduler = hold_adapters(scheduler, cfg.lora.heads_warmup_steps, tc.warmup_steps, ticks_per_step=n)
+            check_cache(dataset, layer_ids, objective.needs_logits)
+    train_loader, eval_loader = loaders(cfg, train_ds, eval_ds, merge)
+    groups, optimizer, scheduler = optimizer_and_scheduler(cfg, objective, accelerator.num_processes)
     if accelerator.state.deepspeed_plugin is not None:
         sync_deepspeed_clipping(accelerator.state.deepspeed_plugin.deepspeed_config, tc.max_grad_norm)
     objective, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         objective, optimizer, train_loader, eval_loader, scheduler
     )
-    # After prepare: FSDP replaces parameters by sharded ones, and its clipping needs the model's full list.
-    params = list(objective.parameters())
+    return _Run(
+        accelerator, objective, optimizer, scheduler, train_loader, eval_loader, features,
+        list(objective.parameters()), len(groups) > 1, target, target_was_training, resume_from, digest,
+        (log_with, init_kwargs),
+    )  # fmt: skip
 
-    step = 0
-    window: Stats = {}  # per-rank sums since the last logged step
-    if resume_from is not None:
-        load_checkpoint(accelerator, resume_from, objective)
-        step = read_step(resume_from)
-        saved_window = read_rank_state(resume_from, accelerator.process_index).get("log_window", {})
+
+def _accelerator(cfg: TrainConfig, precision: str, log_with: Any) -> Accelerator:
+    """The run's Accelerator, the world checked and the seed set; checkpoints keep the trainable state only."""
+    out = Path(cfg.train.output_dir)
+    accelerator = Accelerator(
+        cpu=cpu_processes(),
+        mixed_precision=precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=cfg.train.grad_accum, sync_with_dataloader=False
+        ),
+        log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        kwargs_handlers=process_group_kwargs(cfg.train.dist_timeout_s),
+    )
+    check_world(accelerator)
+    keep_trainable_state_only(accelerator)
+    set_seed(cfg.train.seed)
+    return accelerator
+
+
+def _start(run: _Run, cfg: TrainConfig) -> tuple[int, Stats]:
+    """The step to start from and the unlogged per-rank sums (a checkpoint's, or 0 and none); writes the run's
+    config into the output folder and starts the trackers."""
+    accelerator, step, window = run.accelerator, 0, {}
+    if run.resume_from is not None:
+        load_checkpoint(accelerator, run.resume_from, run.objective)
+        step = read_step(run.resume_from)
+        saved_window = read_rank_state(run.resume_from, accelerator.process_index).get("log_window", {})
         window = {k: torch.tensor(v, device=accelerator.device) for k, v in saved_window.items()}
-        logger.info("resumed from %s at step %d", resume_from, step)
+        logger.info("resumed from %s at step %d", run.resume_from, step)
     if accelerator.is_main_process:
+        out = Path(cfg.train.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "train_config.yaml").write_text(to_yaml(cfg))
+    log_with, init_kwargs = run.trackers
     if log_with is not None:
-        accelerator.init_trackers(tc.project, config=flatten(to_container(cfg)), init_kwargs=init_kwargs)
+        accelerator.init_trackers(cfg.train.project, config=flatten(to_container(cfg)), init_kwargs=init_kwargs)
+    return step, window
 
+
+def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrainedTokenizerBase | None) -> TrainResult:
+    """The training loop: one optimizer step per round of ``grad_accum`` micro-batches, with logging, evaluation and
+    checkpoints at their intervals, then the final save."""
+    tc, out = cfg.train, Path(cfg.train.output_dir)
+    run = _prepare(cfg, target, tokenizer)
+    accelerator, objective, optimizer, scheduler = run.accelerator, run.objective, run.optimizer, run.scheduler
+    step, window = _start(run, cfg)
     history: list[dict[str, float]] = []
 
     def run_eval() -> dict[str, float]:
-        metrics = evaluate(accelerator, objective, eval_loader, features, tc.eval_batches)
+        metrics = evaluate(accelerator, objective, run.eval_loader, run.features, tc.eval_batches)
         history.append({"step": step, **metrics})
         accelerator.log(metrics, step=step)
         return metrics
 
     metrics = run_eval() if tc.eval_every and step == 0 else {}
-    if resume_from is not None and step >= tc.max_steps:  # nothing left to train: the head is saved with its numbers
-        logger.info("%s is at train.max_steps=%d already: nothing to train; saving the head", resume_from, step)
+    if run.resume_from is not None and step >= tc.max_steps:  # nothing left to train: saved with its numbers
+        logger.info("%s is at train.max_steps=%d already: nothing to train; saving the head", run.resume_from, step)
         metrics = run_eval() if tc.eval_every else {}
     micro = step * tc.grad_accum  # micro-batches consumed so far (a step spans an epoch's end; see accumulation)
     throughput = Throughput(accelerator)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not (tc.progress_bar and accelerator.is_main_process))
     stopped = False
     objective.train()
-    rounds = accumulation_rounds(micro_batches(accelerator, train_loader, micro), tc.grad_accum)
+    rounds = accumulation_rounds(micro_batches(accelerator, run.train_loader, micro), tc.grad_accum)
     while step < tc.max_steps and not stopped:
         group = next(rounds)
         weights = token_weights(accelerator, group, tc.grad_accum, tc.weight_by_tokens)  # one all-reduce
@@ -344,10 +263,10 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
             draw = micro * accelerator.num_processes + accelerator.process_index
             micro += 1
             with accelerator.accumulate(objective):
-                loss, stats = objective(*features(batch), draw)
+                loss, stats = objective(*run.features(batch), draw)
                 accelerator.backward(loss * weight)  # token-weighted: the step's gradient is its tokens' mean
                 if accelerator.sync_gradients and tc.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(params, tc.max_grad_norm)
+                    accelerator.clip_grad_norm_(run.params, tc.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
@@ -360,7 +279,7 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         if step % tc.log_every == 0 or step == tc.max_steps:
             logged = {f"train/{k}": v for k, v in reduce_stats(accelerator, window).items()}
             logged["train/lr"] = scheduler.get_last_lr()[0]
-            if len(groups) > 1:
+            if run.adapters:
                 logged["train/lr_lora"] = scheduler.get_last_lr()[1]
             logged["train/target_tokens_per_s"] = throughput.window_rate()
             accelerator.log(with_tau(logged, "train/"), step=step)
@@ -373,7 +292,8 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
         if tc.save_every and step % tc.save_every == 0:
             with throughput.paused():
                 log_window = {k: v.tolist() for k, v in window.items()}  # the next logged loss spans the resume
-                save_checkpoint(accelerator, out, step, tc.keep_last, to_yaml(cfg), digest, {"log_window": log_window})
+                extra = {"log_window": log_window}
+                save_checkpoint(accelerator, out, step, tc.keep_last, to_yaml(cfg), run.digest, extra)
         if tc.stop_after is not None and step >= tc.stop_after:
             stopped = True
     bar.close()
@@ -383,10 +303,10 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     checksum = weights_checksum(accelerator.unwrap_model(objective))
     finished = not (stopped and step < tc.max_steps)
     if finished:
-        _save_final(accelerator, objective, cfg, target, metrics, out)
+        _save_final(accelerator, objective, cfg, run.target, metrics, out)
     accelerator.wait_for_everyone()
     accelerator.end_training()
-    target.train(target_was_training)  # Medusa-2's objective switched the adapters inside it to train mode
+    run.target.train(run.target_was_training)  # Medusa-2's objective switched the adapters inside it to train mode
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
 
 

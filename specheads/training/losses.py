@@ -254,7 +254,7 @@ def shift_left(x: torch.Tensor, by: int, fill: int | float = 0) -> torch.Tensor:
     return torch.cat([x[:, by:], pad], dim=1)
 
 
-DrafterStep = Any  # an EagleDrafter: forward(..., with_logits=False) -> (hidden, None) and logits(hidden)
+DrafterStep = Any  # an EagleHead: forward(..., with_logits=False) -> (hidden, None) and logits(hidden)
 
 
 def eagle3_ttt_loss(

@@ -20,7 +20,7 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import PreTrainedModel
 
-from specheads.heads import DraftModel, EagleDrafter, MedusaHeads, padding_causal_mask
+from specheads.heads import DraftModel, EagleHead, MedusaHeads, padding_causal_mask
 from specheads.heads.borrowed import logit_transform
 from specheads.training.config import ConfigError, LoraSection, LossSection
 from specheads.training.losses import (
@@ -146,7 +146,7 @@ class Eagle1Objective(nn.Module):
 
     needs_logits = True
 
-    def __init__(self, head: EagleDrafter, loss: LossSection, seed: int) -> None:
+    def __init__(self, head: EagleHead, loss: LossSection, seed: int) -> None:
         super().__init__()
         self.head = head
         self.loss_cfg = loss
@@ -185,7 +185,7 @@ class Eagle3Objective(nn.Module):
 
     needs_logits = True
 
-    def __init__(self, head: EagleDrafter, loss: LossSection, seed: int = 0) -> None:
+    def __init__(self, head: EagleHead, loss: LossSection, seed: int = 0) -> None:
         super().__init__()
         self.head = head
         self.steps = loss.ttt_steps
@@ -296,10 +296,8 @@ def build_objective(
         return Medusa2Objective(head, adapted, loss, lora)
     if isinstance(head, MedusaHeads):
         return MedusaObjective(head, loss)
-    if isinstance(head, EagleDrafter):
+    if isinstance(head, EagleHead):
         return Eagle1Objective(head, loss, seed) if head.version == 1 else Eagle3Objective(head, loss, seed)
     if isinstance(head, DraftModel):
         return DraftModelObjective(head, loss)
-    raise TypeError(
-        f"no training objective for {type(head).__name__}; expected MedusaHeads, EagleDrafter or DraftModel."
-    )
+    raise TypeError(f"no training objective for {type(head).__name__}; expected MedusaHeads, EagleHead or DraftModel.")

@@ -189,9 +189,9 @@ def test_transformers_methods_run_with_the_kernels_specheads_verifies_with(tiny_
 
 def test_assistant_must_be_a_draft_model(tiny_llama, tmp_path):
     from specheads.bench.cli import build_methods
-    from specheads.heads import EagleConfig, EagleDrafter
+    from specheads.heads import EagleConfig, EagleHead
 
-    EagleDrafter(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "eagle")
+    EagleHead(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "eagle")
     settings = BenchSettings(methods=["hf-assisted"], assistant=str(tmp_path / "eagle"))
     with pytest.raises(ValueError, match="is a head of type 'eagle'; transformers' assisted generation needs a draft"):
         build_methods(settings, tiny_llama, None, [])

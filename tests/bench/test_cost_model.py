@@ -430,7 +430,7 @@ def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, mon
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     # a fixed cost curve, not this machine's measured one: under load that can make plain decoding win, and a head
     # with no tree has no +lookup-solo method (the measurement itself is tested above)
-    monkeypatch.setattr("specheads.bench.cli.load_or_measure_cost_curve", lambda target, cache_dir, **_: SLOW_FLAT)
+    monkeypatch.setattr("specheads.bench.lineup.load_or_measure_cost_curve", lambda target, cache_dir, **_: SLOW_FLAT)
     head_dir = tmp_path / "draft"
     DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).save_pretrained(head_dir)
     settings = BenchSettings(heads=[str(head_dir)], trees=["auto"], methods=[], lookup_branch=4, lookup_solo="auto")

@@ -18,7 +18,7 @@ from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.heads import (
     EagleConfig,
-    EagleDrafter,
+    EagleHead,
     MedusaConfig,
     MedusaHeads,
     apply_lora_adapter,
@@ -134,7 +134,7 @@ def test_targets_with_layers_that_cannot_take_a_tree_are_refused_before_decoding
 
 
 def test_a_head_moved_to_another_dtype_is_named_before_decoding(target):
-    head = EagleDrafter(EagleConfig(version=1), target).eval()
+    head = EagleHead(EagleConfig(version=1), target).eval()
     generator = SpeculativeGenerator(target, TinyTokenizer(), EagleTreeDrafter(head, DynamicTreeConfig(2, 2, 4)))
     generator.generate(PROMPT, max_new_tokens=4)
     head.to(torch.bfloat16)
@@ -147,7 +147,7 @@ def test_a_head_moved_to_another_dtype_is_named_before_decoding(target):
 
 
 def test_the_default_eagle_tree_on_a_cpu_warns(target):
-    head = EagleDrafter(EagleConfig(version=1), target).eval()
+    head = EagleHead(EagleConfig(version=1), target).eval()
     with pytest.warns(UserWarning, match="sized for a GPU"):
         build_drafter(head)
     with warnings.catch_warnings():

@@ -11,7 +11,7 @@ from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.head_drafter import build_drafter
 from specheads.decoding.medusa_drafter import MedusaDrafter
-from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import DraftModel, EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,7 @@ def test_build_drafter_tree_settings(tiny_llama):
     assert build_drafter(three, None).tree.max_depth == 3 and build_drafter(three, None).tree.num_nodes == 10
     with pytest.raises(ValueError, match="the tree is 4 deep but the Medusa head set has only 3 heads"):
         build_drafter(three, "small10")  # a tree asked for by name is not cut: the error says what to do
-    eagle = EagleDrafter(EagleConfig(version=1), tiny_llama)
+    eagle = EagleHead(EagleConfig(version=1), tiny_llama)
     assert build_drafter(eagle, None).tree.total_tokens == 60
     assert build_drafter(eagle, "dynamic:4,3,10").tree.top_k == 3
     assert build_drafter(eagle, "chain:3").tree.top_k == 1

@@ -19,7 +19,7 @@ from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.tree import DynamicTreeConfig, chain_tree, static_tree
-from specheads.heads import EAGLE_TOKEN_OFFSET, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, predicted_offset
+from specheads.heads import EAGLE_TOKEN_OFFSET, EagleConfig, EagleHead, MedusaConfig, MedusaHeads, predicted_offset
 from specheads.training.losses import medusa_loss, ratios
 from tests.decoding.helpers import TinyTokenizer
 from tests.decoding.planted import PlantedDrafter, greedy_continuation
@@ -39,11 +39,11 @@ def tiny_llama(tiny_llama):
     return tiny_llama
 
 
-def scaled_eagle_head(target, name: str) -> EagleDrafter:
+def scaled_eagle_head(target, name: str) -> EagleHead:
     """A random EAGLE head with weights large enough that positions and masks change its drafts."""
     torch.manual_seed(1)
     d2t = torch.randperm(128)[:48].sort().values if name == "eagle3-d2t" else None
-    head = EagleDrafter(EagleConfig(**EAGLE_HEADS[name]), target, d2t=d2t).eval()
+    head = EagleHead(EagleConfig(**EAGLE_HEADS[name]), target, d2t=d2t).eval()
     with torch.no_grad():
         for param in head.parameters():
             param.add_(torch.randn_like(param) * 0.3)

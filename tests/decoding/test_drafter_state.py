@@ -11,7 +11,7 @@ from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.kv_cache import crop_to
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter, lookup_match
 from specheads.decoding.tree import DynamicTreeConfig
-from specheads.heads import DraftModel, EagleConfig, EagleDrafter
+from specheads.heads import DraftModel, EagleConfig, EagleHead
 
 PROMPT = torch.tensor([3, 17, 42, 5, 17, 42, 9, 3, 17])
 
@@ -28,7 +28,7 @@ def test_eagle_cache_after_a_step_equals_a_fresh_start(tiny_llama):
     torch.manual_seed(0)
     for version in (1, 3):
         drafter = EagleTreeDrafter(
-            EagleDrafter(EagleConfig(version=version), tiny_llama).eval(), DynamicTreeConfig(3, 2, 5)
+            EagleHead(EagleConfig(version=version), tiny_llama).eval(), DynamicTreeConfig(3, 2, 5)
         )
         layers = drafter.layer_ids
         hidden = tiny_llama(input_ids=PROMPT.unsqueeze(0), output_hidden_states=layers).hidden_states

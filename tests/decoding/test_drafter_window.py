@@ -13,7 +13,7 @@ from specheads.decoding.eagle_draft import DrafterWindow, EagleTreeDrafter, with
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.tree import DynamicTreeConfig
-from specheads.heads import EagleConfig, EagleDrafter
+from specheads.heads import EagleConfig, EagleHead
 from specheads.heads.masks import blocked_value, causal_additive_mask
 from tests.decoding.helpers import TinyTokenizer
 from tests.decoding.planted import PlantedDrafter, greedy_continuation
@@ -48,7 +48,7 @@ class CacheProbe:
 
 def windowed_eagle(target, version: int, window: DrafterWindow | None) -> EagleTreeDrafter:
     torch.manual_seed(version)
-    head = EagleDrafter(EagleConfig(version=version), target).eval()
+    head = EagleHead(EagleConfig(version=version), target).eval()
     return EagleTreeDrafter(head, DynamicTreeConfig(3, 2, 5), window)
 
 
@@ -144,7 +144,7 @@ def test_bench_runs_an_eagle_head_with_and_without_the_window(tmp_path):
 
     target_dir = save_tiny_target(tmp_path / "target", num_layers=4)
     target, _ = load_target(str(target_dir), device="cpu")
-    EagleDrafter(EagleConfig(version=3), target).save_pretrained(tmp_path / "eagle")
+    EagleHead(EagleConfig(version=3), target).save_pretrained(tmp_path / "eagle")
     questions = tmp_path / "questions.jsonl"
     turns = ["Summarise: " + "the sea is wide and the sea is deep. " * 12, "Repeat: one two three one two three."]
     questions.write_text(

@@ -14,7 +14,7 @@ from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
-from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import DraftModel, EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
 from tests.decoding.planted import PlantedDrafter, greedy_continuation
 from tests.tiny_models import tiny_family, tiny_named
@@ -41,10 +41,10 @@ def tiny_drafters(target) -> dict[str, object]:
             MedusaHeads(MedusaConfig(num_heads=3), target).eval(),
             static_tree([[0], [1], [0, 0], [1, 0], [0, 0, 0], [1, 0, 0]]),
         ),
-        "eagle1": EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), target).eval(), DynamicTreeConfig(3, 3, 8)),
-        "eagle3": EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 5)),
+        "eagle1": EagleTreeDrafter(EagleHead(EagleConfig(version=1), target).eval(), DynamicTreeConfig(3, 3, 8)),
+        "eagle3": EagleTreeDrafter(EagleHead(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 5)),
         "eagle3-d2t": EagleTreeDrafter(
-            EagleDrafter(EagleConfig(version=3, draft_vocab_size=64), target, d2t=torch.arange(0, 128, 2)).eval(),
+            EagleHead(EagleConfig(version=3, draft_vocab_size=64), target, d2t=torch.arange(0, 128, 2)).eval(),
             DynamicTreeConfig(3, 2, 5),
         ),
         "draft_model": DraftModelDrafter(DraftModel.from_target(target, 1).eval(), draft_length=3),

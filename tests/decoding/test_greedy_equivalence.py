@@ -32,7 +32,7 @@ from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, chain_tree, load_tree
-from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import DraftModel, EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from tests.decoding.planted import PlantedDrafter
 
 pytestmark = pytest.mark.slow
@@ -105,11 +105,11 @@ def make_drafter(name: str, target):
     if name == "medusa-chain":
         return MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=3), target).eval(), chain_tree(3))
     if name == "eagle1-dynamic":
-        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), target).eval(), DynamicTreeConfig(3, 3, 8))
+        return EagleTreeDrafter(EagleHead(EagleConfig(version=1), target).eval(), DynamicTreeConfig(3, 3, 8))
     if name == "eagle3-dynamic":
-        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 6))
+        return EagleTreeDrafter(EagleHead(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 6))
     if name == "eagle3-chain":
-        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 1, 3))
+        return EagleTreeDrafter(EagleHead(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 1, 3))
     if name == "draft-model":
         return DraftModelDrafter(DraftModel.from_target(target, 4).eval(), draft_length=3)
     if name == "prompt-lookup":

@@ -18,7 +18,7 @@ from specheads.heads import (
     DraftModel,
     DraftModelConfig,
     EagleConfig,
-    EagleDrafter,
+    EagleHead,
     MedusaConfig,
     MedusaHeads,
     UnsupportedTargetError,
@@ -106,8 +106,8 @@ def test_heads_are_refused_on_stacked_hidden_states_with_what_works_instead(gemm
     """Every Gemma3n hidden state, the last included, is AltUp's (2, B, T, H) stack: every head is refused."""
     for build in (
         lambda: MedusaHeads(MedusaConfig(num_heads=2), gemma3n),
-        lambda: EagleDrafter(EagleConfig(version=3), gemma3n),
-        lambda: EagleDrafter(EagleConfig(version=1, draft_layer="llama"), gemma3n),
+        lambda: EagleHead(EagleConfig(version=3), gemma3n),
+        lambda: EagleHead(EagleConfig(version=1, draft_layer="llama"), gemma3n),
     ):
         with pytest.raises(UnsupportedTargetError, match=r"AltUp's parallel streams.*Draft models.*--prompt-lookup"):
             build()

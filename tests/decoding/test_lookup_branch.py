@@ -17,7 +17,7 @@ from specheads.decoding.lookup_branch import LookupBranchDrafter, first_choice_p
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
-from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
 
 # root 10; children 11 (node 1) and 12 (node 2); node 1 has child 13 (node 3)
@@ -67,7 +67,7 @@ def test_first_choice_path_keeps_the_first_child_at_every_level() -> None:
 
 def test_narrow_branch_keeps_the_head_first_choice_only_when_the_lookup_proposes(tiny_llama) -> None:
     torch.manual_seed(0)
-    eagle = EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
+    eagle = EagleTreeDrafter(EagleHead(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
     drafter = LookupBranchDrafter(eagle, num_tokens=3, min_ngram=2)  # narrow is the default
     with torch.no_grad():
         matched = drafter.propose(_begin(drafter, tiny_llama, torch.tensor([5, 6, 7, 8, 9, 1, 2, 5]), 6, Sampling()))
@@ -81,7 +81,7 @@ def test_narrow_branch_keeps_the_head_first_choice_only_when_the_lookup_proposes
 
 def test_solo_steps_propose_the_lookup_chain_alone_and_leave_the_head_idle(tiny_llama) -> None:
     torch.manual_seed(0)
-    eagle = EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
+    eagle = EagleTreeDrafter(EagleHead(EagleConfig(version=1), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
     drafter = LookupBranchDrafter(eagle, num_tokens=3, min_ngram=2, solo_ngram=3)
     with torch.no_grad():
         # "... 1 5 6" matches the 3-gram at the start: the chain 7 8 9 alone, and EAGLE's re-feed stays queued
@@ -107,7 +107,7 @@ def _begin(drafter, target, prompt: torch.Tensor, root: int, sampling: Sampling)
 
 def test_the_branch_adds_the_lookup_continuation_to_an_eagle_tree(tiny_llama) -> None:
     torch.manual_seed(0)
-    eagle = EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
+    eagle = EagleTreeDrafter(EagleHead(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
     drafter = LookupBranchDrafter(eagle, num_tokens=3, min_ngram=2, narrow=False)
     prompt = torch.tensor([5, 6, 7, 8, 9, 1, 2, 5])
     for sampling in (Sampling(), Sampling(temperature=1.0)):
@@ -137,7 +137,7 @@ def test_the_branch_raises_tau_on_repetitive_text(tiny_llama) -> None:
     than the random head alone, with output identical to plain greedy decoding."""
     tiny_llama.generation_config.eos_token_id = None
     torch.manual_seed(0)
-    eagle = EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
+    eagle = EagleTreeDrafter(EagleHead(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(2, 2, 4))
     plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(torch.tensor([3, 4, 5]), max_new_tokens=40)
     repetitive = torch.tensor([3, 4, 5] + plain.token_ids[:30] + [3, 4, 5])  # the continuation is in the prompt
     results = {
@@ -163,7 +163,7 @@ def test_the_generator_checks_and_places_the_wrapped_head(tiny_llama, head_type)
         module = MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).eval()
         inner, name = MedusaDrafter(module, static_tree([[0], [0, 0]])), "heads"
     else:
-        module = EagleDrafter(EagleConfig(version=1), tiny_llama).eval()
+        module = EagleHead(EagleConfig(version=1), tiny_llama).eval()
         inner, name = EagleTreeDrafter(module, DynamicTreeConfig(2, 2, 4)), "head"
     generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), LookupBranchDrafter(inner))
     assert (name, module) in generator.drafter_modules()

@@ -22,7 +22,7 @@ from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
-from specheads.heads import DraftModel, EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import DraftModel, EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
 from tests.tiny_models import make_tiny_llama
 
@@ -69,9 +69,9 @@ def exact_distribution(target, temperature=1.0, top_k=None, top_p=None) -> dict[
 def make_drafter(name: str, target):
     torch.manual_seed(1)
     if name == "eagle3-dynamic":
-        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 5))
+        return EagleTreeDrafter(EagleHead(EagleConfig(version=3), target).eval(), DynamicTreeConfig(3, 2, 5))
     if name == "eagle1-dynamic":
-        return EagleTreeDrafter(EagleDrafter(EagleConfig(version=1), target).eval(), DynamicTreeConfig(2, 3, 6))
+        return EagleTreeDrafter(EagleHead(EagleConfig(version=1), target).eval(), DynamicTreeConfig(2, 3, 6))
     if name == "medusa-tree":
         tree = static_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0]])
         return MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=2), target).eval(), tree)

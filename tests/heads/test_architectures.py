@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specheads.decoding import SpeculativeGenerator, build_drafter
-from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads, UnsupportedTargetError, load_head
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, UnsupportedTargetError, load_head
 from specheads.heads.config import HeadConfigError
 from specheads.heads.interop import ExportError, export_head
 from specheads.heads.masks import causal_additive_mask
@@ -55,10 +55,10 @@ def test_eagle_drafters_are_built_only_from_layers_they_wire_right(model_type, v
     wire are refused when it is built."""
     target = tiny(model_type)
     if refusal is None:
-        EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
+        EagleHead(EagleConfig(version=version, draft_layer="target"), target)
         return
     with pytest.raises(UnsupportedTargetError, match=refusal):
-        EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
+        EagleHead(EagleConfig(version=version, draft_layer="target"), target)
 
 
 def test_a_rotary_embedding_that_needs_more_than_a_layer_type_is_refused():
@@ -73,7 +73,7 @@ def test_a_rotary_embedding_that_needs_more_than_a_layer_type_is_refused():
 
     target.model.rotary_emb = NeedsMore(target.config)
     with pytest.raises(UnsupportedTargetError, match="a rotary embedding that also needs \\['segment_ids'\\]"):
-        EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
+        EagleHead(EagleConfig(version=1, draft_layer="target"), target)
 
 
 def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
@@ -95,9 +95,9 @@ def test_a_layer_setting_the_drafter_does_not_apply_is_refused():
 
     target.model.layers = torch.nn.ModuleList([Scaled(target.config, i) for i in range(2)])
     with pytest.raises(UnsupportedTargetError, match="scales the drafter's block would not apply \\(branch_scale\\)"):
-        EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
+        EagleHead(EagleConfig(version=1, draft_layer="target"), target)
     target.model.layers = torch.nn.ModuleList([Bookkept(target.config, i) for i in range(2)])
-    EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
+    EagleHead(EagleConfig(version=1, draft_layer="target"), target)
 
 
 @pytest.mark.parametrize("name", sorted(ARCHITECTURES))
@@ -108,9 +108,9 @@ def test_eagle_drafters_build_on_exactly_the_families_they_wire(name):
     for version in (1, 3):
         if name in EAGLE_REFUSED[version]:
             with pytest.raises(UnsupportedTargetError, match="draft models work with this target.*draft_layer=llama"):
-                EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
+                EagleHead(EagleConfig(version=version, draft_layer="target"), target)
         else:
-            EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
+            EagleHead(EagleConfig(version=version, draft_layer="target"), target)
 
 
 @pytest.mark.parametrize("name", sorted(set(ARCHITECTURES) - EAGLE_REFUSED[1]))
@@ -127,7 +127,7 @@ def test_a_fresh_drafter_starts_from_its_familys_initialisation_not_from_stale_m
 
     monkeypatch.setattr(torch, "empty", poisoned)
     for version in (1,) if name in EAGLE_REFUSED[3] else (1, 3):
-        drafter = EagleDrafter(EagleConfig(version=version, draft_layer="target"), target)
+        drafter = EagleHead(EagleConfig(version=version, draft_layer="target"), target)
         stale = [n for n, p in drafter.named_parameters() if not p.isfinite().all()]
         assert not stale, (version, stale)
 
@@ -139,7 +139,7 @@ def test_a_llama_layer_drafter_saves_its_layer_settings_and_reloads_identically(
     settings are saved in config.json, so the head reloads as the same layer and computes the same numbers."""
     target = tiny(name)
     torch.manual_seed(0)
-    head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
+    head = EagleHead(EagleConfig(version=3, draft_layer="llama"), target).eval()
     text = target.config.get_text_config()
     assert type(head.layer).__name__ == "LlamaDecoderLayer" and head.layer.mlp.gate_proj.in_features == 64
     settings = head.config.llama_layer
@@ -170,13 +170,13 @@ def test_heads_read_only_hidden_states_a_hyper_connection_family_does_not_stack(
     assert [state.dim() for state in states] == [4] * (len(states) - 1) + [3]  # what the refusal is about
     medusa = MedusaHeads(MedusaConfig(num_heads=2), target)
     assert medusa(states[-1]).shape == (2, 1, 3, 128)
-    eagle1 = EagleDrafter(EagleConfig(version=1), target)
+    eagle1 = EagleHead(EagleConfig(version=1), target)
     assert eagle1.fuse(states).shape == (1, 3, 64) and eagle1.config.draft_layer == "llama"  # its own is not wired
     own_layer = r"does not build as the full-attention layer.*KeyError|submodules the drafter's block would not call"
     with pytest.raises(UnsupportedTargetError, match=own_layer):  # DeepSeek-V4's had no full-attention form: KeyError
-        EagleDrafter(EagleConfig(version=1, draft_layer="target"), target)
+        EagleHead(EagleConfig(version=1, draft_layer="target"), target)
     with pytest.raises(UnsupportedTargetError, match=r"before index 4 are hyper-connection.*reads indices \[1, 2, 3\]"):
-        EagleDrafter(EagleConfig(version=3), target)
+        EagleHead(EagleConfig(version=3), target)
 
 
 MIXTURE_OF_EXPERTS = {"qwen3_moe", "gpt_oss", "mixtral", "qwen2_moe", "olmoe"}
@@ -196,7 +196,7 @@ def test_the_default_draft_layer_is_the_targets_own_when_dense_and_wired_and_a_l
     experts = [type(m) for n, m in target.named_modules() if n.endswith(".experts")]
     for cls in set(experts):
         monkeypatch.setattr(cls, "__init__", _recording_init(cls.__init__, built))
-    heads = {version: EagleDrafter(EagleConfig(version=version), target) for version in (1, 3)}
+    heads = {version: EagleHead(EagleConfig(version=version), target) for version in (1, 3)}
     for version, head in heads.items():
         own = name not in EAGLE_REFUSED[version] and name not in MIXTURE_OF_EXPERTS
         assert head.config.draft_layer == ("target" if own else "llama"), version
@@ -225,7 +225,7 @@ def _recording_init(init, built):
 def test_an_moe_target_whose_saved_head_has_no_draft_layer_loads_its_moe_layer(tmp_path):
     """A Qwen3-MoE head saved without ``draft_layer`` holds a copy of the MoE layer: it loads as such, strictly."""
     target = tiny("qwen3_moe")
-    head = EagleDrafter(EagleConfig(version=3, draft_layer="target"), target)
+    head = EagleHead(EagleConfig(version=3, draft_layer="target"), target)
     assert any(n.endswith("experts") for n, _ in head.named_modules())
     head.save_pretrained(tmp_path / "head")
     config_path = tmp_path / "head" / "config.json"
@@ -244,7 +244,7 @@ def test_on_a_llama_target_the_llama_layer_is_the_target_layer(version):
     drafters = []
     for draft_layer in ("target", "llama"):
         torch.manual_seed(0)
-        drafters.append(EagleDrafter(EagleConfig(version=version, draft_layer=draft_layer), target).eval())
+        drafters.append(EagleHead(EagleConfig(version=version, draft_layer=draft_layer), target).eval())
     own, llama = (drafter.state_dict() for drafter in drafters)
     assert own.keys() == llama.keys() and all(torch.equal(own[name], llama[name]) for name in own)
     features, ids, positions = torch.randn(1, 6, 64), torch.randint(0, 128, (1, 6)), torch.arange(3, 9)[None]
@@ -262,7 +262,7 @@ def test_on_a_llama_target_the_llama_layer_is_the_target_layer(version):
 )
 def test_draft_layer_settings_that_cannot_build_a_layer_are_refused(options, message):
     with pytest.raises(HeadConfigError, match=message):
-        EagleDrafter(EagleConfig(version=3, **options), tiny("llama"))
+        EagleHead(EagleConfig(version=3, **options), tiny("llama"))
 
 
 @pytest.mark.parametrize(
@@ -274,7 +274,7 @@ def test_the_eagle1_block_computes_the_target_layer_classs_own_forward(model_typ
     at zero) its output must equal the layer class's own forward on the same input: Gemma2/3's norms after
     attention and around the MLP, Granite's residual multiplier, Qwen3's and StableLM's q/k norms, Qwen3-MoE's
     routed experts and Gemma3's per-type rotary all included."""
-    drafter = EagleDrafter(EagleConfig(version=1, draft_layer="target"), tiny(model_type)).eval()
+    drafter = EagleHead(EagleConfig(version=1, draft_layer="target"), tiny(model_type)).eval()
     torch.manual_seed(1)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -301,7 +301,7 @@ def test_eagle_decodes_exactly_the_targets_greedy_tokens(model_type, version):
     embeddings) or a Llama-style one (Mistral past its window, Granite's scaled logits, Qwen3-MoE's experts, ...)
     decodes the target's own greedy tokens, through a chain and an EAGLE-2 dynamic tree."""
     target = tiny(model_type)
-    head = EagleDrafter(EagleConfig(version=version, draft_layer="target"), target).eval()
+    head = EagleHead(EagleConfig(version=version, draft_layer="target"), target).eval()
     prompt = torch.tensor([[1, 5, 9, 33, 7, 5, 9, 33, 12, 40]])
     expected = target.generate(prompt, max_new_tokens=16, do_sample=False)[0, prompt.shape[1] :].tolist()
     for tree in ("chain:3", "dynamic:3,2,6"):
@@ -321,7 +321,7 @@ def test_gemma_eagle_export_is_refused_not_silently_wrong(tmp_path, version, mod
     that a Llama layer lacks."""
     target = tiny(model_type)
     options = dict(input_norm=False, fc_bias=False) if version == 1 else {}
-    head = EagleDrafter(EagleConfig(version=version, **options), target)
+    head = EagleHead(EagleConfig(version=version, **options), target)
     with pytest.raises(ExportError, match=refusal):
         export_head(head, target, tmp_path / "out")
     assert not (tmp_path / "out" / "model.safetensors").exists()
@@ -368,7 +368,7 @@ def test_a_multimodal_gemma3_decodes_text_past_its_window_with_every_head():
     prompt = torch.tensor([[1, 5, 9, 33, 7, 5, 9, 33, 12, 40, 5, 9]])
     expected = target.generate(prompt, max_new_tokens=24, do_sample=False)[0, prompt.shape[1] :].tolist()
     heads = [MedusaHeads(MedusaConfig(num_heads=2), target)]
-    heads += [EagleDrafter(EagleConfig(version=version, draft_layer="target"), target) for version in (1, 3)]
+    heads += [EagleHead(EagleConfig(version=version, draft_layer="target"), target) for version in (1, 3)]
     for head in heads:
         generator = SpeculativeGenerator(target, TinyTokenizer(), build_drafter(head.eval(), "chain:2"))
         assert generator.generate(prompt, max_new_tokens=24).token_ids == expected, type(head).__name__

@@ -17,7 +17,7 @@ from specheads.heads import (
     DraftModel,
     DraftModelConfig,
     EagleConfig,
-    EagleDrafter,
+    EagleHead,
     MedusaConfig,
     MedusaHeads,
     load_head,
@@ -95,7 +95,7 @@ def test_card_names_local_targets_and_paths_without_their_directories(tiny_llama
     """Title, Target section, Use command and training record: a path outside the home and working directories
     becomes its last component; the Use command names a placeholder for a local target and this repo for the head."""
     monkeypatch.chdir(tmp_path)
-    head = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    head = EagleHead(EagleConfig(version=3), tiny_llama)
     head.config.target.name_or_path = "/opt/private-models/llama-x"
     training = {"target": {"name": "/opt/private-models/llama-x"}, "data": {"paths": ["/srv/corpora/y.jsonl"]}}
     head.save_pretrained(tmp_path / "head", card={"training": training})
@@ -119,7 +119,7 @@ def test_card_names_local_targets_and_paths_without_their_directories(tiny_llama
 
 
 def test_card_records_license_head_version_and_only_what_is_known(tiny_llama, tmp_path):
-    head = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    head = EagleHead(EagleConfig(version=3), tiny_llama)
     head.config.target.name_or_path = "smollm2-135m-instruct"
     head.config.target.revision = None
     head.save_pretrained(tmp_path / "e3", card={"metrics": {}, "training": {"steps": 1}})
@@ -129,7 +129,7 @@ def test_card_records_license_head_version_and_only_what_is_known(tiny_llama, tm
     assert "revision" not in card.text and "None" not in card.text
     assert "## Metrics" not in card.text and "{}" not in card.text and "## Training" in card.text
 
-    EagleDrafter(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "e1")
+    EagleHead(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "e1")
     MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "m1")
     DraftModel(DraftModelConfig(copy_target_layers=1), tiny_llama).save_pretrained(tmp_path / "dm")
     assert {name: _title(tmp_path / name) for name in ("e1", "m1", "dm")} == {

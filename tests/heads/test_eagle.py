@@ -1,9 +1,9 @@
-"""EagleDrafter v1/v3: forward shapes, KV-cache consistency, vocabulary maps, and the real SmolLM2 target."""
+"""EagleHead v1/v3: forward shapes, KV-cache consistency, vocabulary maps, and the real SmolLM2 target."""
 
 import pytest
 import torch
 
-from specheads.heads import EagleConfig, EagleDrafter, build_vocab_maps, default_eagle3_layer_ids
+from specheads.heads import EagleConfig, EagleHead, build_vocab_maps, default_eagle3_layer_ids
 from specheads.heads.borrowed import borrow
 from specheads.heads.config import HeadConfigError
 from tests.tiny_models import ARCHITECTURES, make_tiny_llama, tiny_named
@@ -18,7 +18,7 @@ def _inputs(target, length=7, batch=2, seed=0):
 
 @pytest.mark.parametrize("version", [1, 3])
 def test_forward_shapes_and_borrowed_modules(tiny_llama, version):
-    drafter = EagleDrafter(EagleConfig(version=version), tiny_llama)
+    drafter = EagleHead(EagleConfig(version=version), tiny_llama)
     ids, positions = _inputs(tiny_llama)
     hidden_states = tiny_llama(ids, output_hidden_states=True).hidden_states
     features = drafter.fuse(hidden_states)
@@ -36,7 +36,7 @@ def test_forward_shapes_and_borrowed_modules(tiny_llama, version):
 
 @pytest.mark.parametrize("version", [1, 3])
 def test_incremental_cache_equals_full_forward(tiny_llama, version):
-    drafter = EagleDrafter(EagleConfig(version=version), tiny_llama)
+    drafter = EagleHead(EagleConfig(version=version), tiny_llama)
     ids, positions = _inputs(tiny_llama)
     features = drafter.fuse(tiny_llama(ids, output_hidden_states=True).hidden_states)
     _, full = drafter(features, ids, positions)
@@ -49,7 +49,7 @@ def test_incremental_cache_equals_full_forward(tiny_llama, version):
 
 def test_causal_mask_is_applied(tiny_llama):
     """Changing a later token must not change earlier positions' outputs."""
-    drafter = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    drafter = EagleHead(EagleConfig(version=3), tiny_llama)
     ids, positions = _inputs(tiny_llama, batch=1)
     features = torch.randn(1, 7, 64)
     _, logits = drafter(features, ids, positions)
@@ -98,9 +98,9 @@ def test_eagle3_layer_ids_must_be_distinct_and_ascending_from_the_start(tiny_lla
         with pytest.raises(HeadConfigError, match=r"not distinct and ascending.*give three distinct indices"):
             EagleConfig(version=3, layer_ids=ids)
     assert EagleConfig(version=1, layer_ids=[4]).layer_ids == [4]
-    assert EagleDrafter(EagleConfig(version=3, layer_ids=[0, 2, 4]), tiny_llama).layer_ids == [0, 2, 4]
+    assert EagleHead(EagleConfig(version=3, layer_ids=[0, 2, 4]), tiny_llama).layer_ids == [0, 2, 4]
     with pytest.raises(HeadConfigError, match="at least 4 layers; this one has 2"):
-        EagleDrafter(EagleConfig(version=3), make_tiny_llama(num_layers=2))
+        EagleHead(EagleConfig(version=3), make_tiny_llama(num_layers=2))
 
 
 def test_vocab_maps_pick_most_frequent_tokens_and_round_trip():
@@ -118,7 +118,7 @@ def test_vocab_maps_pick_most_frequent_tokens_and_round_trip():
 def test_reduced_draft_vocabulary_converts_ids(tiny_llama):
     corpus = torch.randint(0, 40, (500,))
     d2t, _ = build_vocab_maps(corpus, 128, 32)
-    drafter = EagleDrafter(EagleConfig(version=3, draft_vocab_size=32), tiny_llama, d2t=d2t)
+    drafter = EagleHead(EagleConfig(version=3, draft_vocab_size=32), tiny_llama, d2t=d2t)
     ids, positions = _inputs(tiny_llama)
     _, logits = drafter(torch.randn(2, 7, 64), ids, positions)
     assert logits.shape == (2, 7, 32)
@@ -134,18 +134,18 @@ def test_reduced_draft_vocabulary_converts_ids(tiny_llama):
 
 def test_reduced_vocabulary_without_map_is_an_error(tiny_llama):
     with pytest.raises(HeadConfigError, match="build_vocab_maps"):
-        EagleDrafter(EagleConfig(version=3, draft_vocab_size=32), tiny_llama)
+        EagleHead(EagleConfig(version=3, draft_vocab_size=32), tiny_llama)
 
 
 def test_bad_layer_ids_and_version(tiny_llama):
     with pytest.raises(HeadConfigError, match="layer_ids"):
-        EagleDrafter(EagleConfig(version=3, layer_ids=[1, 2]), tiny_llama)
+        EagleHead(EagleConfig(version=3, layer_ids=[1, 2]), tiny_llama)
     with pytest.raises(HeadConfigError, match="version"):
-        EagleDrafter(EagleConfig(version=2), tiny_llama)
+        EagleHead(EagleConfig(version=2), tiny_llama)
 
 
 def test_missing_hidden_states_are_a_clear_error(tiny_llama):
-    drafter = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    drafter = EagleHead(EagleConfig(version=3), tiny_llama)
     with pytest.raises(ValueError, match="output_hidden_states"):
         drafter.fuse([None] * 5)
 
@@ -154,7 +154,7 @@ def test_missing_hidden_states_are_a_clear_error(tiny_llama):
 @pytest.mark.parametrize("version", [1, 3])
 def test_forward_on_smollm2(smollm2, version):
     model, tokenizer = smollm2
-    drafter = EagleDrafter(EagleConfig(version=version), model)
+    drafter = EagleHead(EagleConfig(version=version), model)
     ids = tokenizer("Speculative decoding drafts tokens cheaply.", return_tensors="pt").input_ids
     positions = torch.arange(ids.shape[1])[None]
     with torch.no_grad():
@@ -172,7 +172,7 @@ def test_eagle1_reference_layout_round_trips(tiny_llama, tmp_path):
     file, and the head loads back strictly with the same outputs."""
     from specheads.heads import load_head
 
-    drafter = EagleDrafter(EagleConfig(version=1, input_norm=False, fc_bias=False), tiny_llama)
+    drafter = EagleHead(EagleConfig(version=1, input_norm=False, fc_bias=False), tiny_llama)
     names = set(drafter.state_dict())
     assert "layer.input_layernorm.weight" not in names and "fc.bias" not in names and "fc.weight" in names
     with torch.no_grad():
@@ -183,3 +183,28 @@ def test_eagle1_reference_layout_round_trips(tiny_llama, tmp_path):
     ids, positions = _inputs(tiny_llama)
     features = torch.randn(2, 7, 64)
     torch.testing.assert_close(loaded(features, ids, positions)[1], drafter(features, ids, positions)[1])
+
+
+def test_building_a_head_leaves_the_config_it_was_given_as_it_was(tiny_llama):
+    """The head resolves a copy (target record, layer ids, the layer ``auto`` picks, the draft vocabulary size); a
+    config reused for a second head on another target must not carry the first one's choices."""
+    config = EagleConfig(version=3)
+    given = config.to_dict()
+    head = EagleHead(config, tiny_llama)
+    assert config.to_dict() == given and config.draft_layer == "auto" and config.layer_ids == []
+    assert head.config is not config and head.config.draft_layer == "target" and head.config.layer_ids == [1, 2, 3]
+    assert head.config.draft_vocab_size == 128 and head.config.target.name_or_path
+
+
+def test_the_old_name_eagle_drafter_still_imports_with_a_deprecation_warning():
+    import specheads.heads
+    import specheads.heads.eagle
+
+    for module in (specheads.heads, specheads.heads.eagle):
+        with pytest.warns(DeprecationWarning, match="EagleDrafter is renamed EagleHead"):
+            assert module.EagleDrafter is EagleHead
+    with pytest.warns(DeprecationWarning, match="EagleDrafter is renamed EagleHead"):
+        from specheads.heads import EagleDrafter
+    assert EagleDrafter is EagleHead
+    with pytest.raises(AttributeError, match="has no attribute 'EagleHeads'"):
+        specheads.heads.EagleHeads  # noqa: B018

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from specheads.heads.interop import ExportError, export_head
 from tests.tiny_models import tiny_family
 
@@ -17,7 +17,7 @@ EAGLE1_EXPORTABLE = dict(input_norm=False, fc_bias=False)
 
 
 def eagle(version: int, target):
-    return EagleDrafter(EagleConfig(version=version, **(EAGLE1_EXPORTABLE if version == 1 else {})), target)
+    return EagleHead(EagleConfig(version=version, **(EAGLE1_EXPORTABLE if version == 1 else {})), target)
 
 
 @pytest.mark.parametrize("version", [1, 3])

@@ -13,13 +13,13 @@ import pytest
 from huggingface_hub import ModelCard
 
 from specheads.cli import main
-from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from specheads.heads.card import base_model_id
 from specheads.heads.hub import HubError, files_to_upload, push_folder
 
 
 def test_card_has_hub_metadata_and_metrics(tiny_llama, tmp_path):
-    EagleDrafter(EagleConfig(version=3), tiny_llama).save_pretrained(
+    EagleHead(EagleConfig(version=3), tiny_llama).save_pretrained(
         tmp_path, card={"metrics": {"tau": 3.2}, "training": {"steps": 10}}
     )
     card = ModelCard.load(tmp_path / "README.md")
@@ -35,7 +35,7 @@ def test_card_writes_local_paths_without_the_users_directories(tiny_llama, tmp_p
     monkeypatch.chdir(tmp_path)
     home = os.path.expanduser("~")
     training = {"data": {"paths": [str(tmp_path / "data" / "x.jsonl"), f"{home}/corpora/y.jsonl", "rel/z.jsonl"]}}
-    EagleDrafter(EagleConfig(version=3), tiny_llama).save_pretrained(tmp_path / "head", card={"training": training})
+    EagleHead(EagleConfig(version=3), tiny_llama).save_pretrained(tmp_path / "head", card={"training": training})
     text = (tmp_path / "head" / "README.md").read_text()
     assert '"data/x.jsonl"' in text and '"~/corpora/y.jsonl"' in text and '"rel/z.jsonl"' in text
     assert str(tmp_path) not in text and f"{home}/" not in text
@@ -43,7 +43,7 @@ def test_card_writes_local_paths_without_the_users_directories(tiny_llama, tmp_p
 
 def test_card_of_a_head_for_the_builtin_target_names_the_weights_it_was_trained_on(tiny_llama, tmp_path):
     """base_model links the original Hub model; the head was trained on the dequantized GGUF, and the card says so."""
-    head = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    head = EagleHead(EagleConfig(version=3), tiny_llama)
     head.config.target.name_or_path = "smollm2-135m-instruct"
     head.save_pretrained(tmp_path)
     card = ModelCard.load(tmp_path / "README.md")
@@ -267,7 +267,7 @@ def test_push_format_vllm_uploads_what_the_engine_serves_and_load_head_reads_the
     from tests.tiny_models import in_local_hub_cache, save_tiny_target
 
     target, _ = load_target(str(save_tiny_target(tmp_path / "target")), check_tree_attention=False)
-    head = EagleDrafter(EagleConfig(version=3), target).eval()
+    head = EagleHead(EagleConfig(version=3), target).eval()
     head.save_pretrained(tmp_path / "head", card={"acceptance": {"simulated_chain_tau": 2.9}})
     (tmp_path / "bench.json").write_text(json.dumps(BENCH))
     argv = [
@@ -311,7 +311,7 @@ def test_serving_card_links_a_builtin_target_by_its_hub_id(tiny_llama, tmp_path)
     from specheads.heads.interop import export_head
     from specheads.heads.serving_card import write_serving_card
 
-    export_head(EagleDrafter(EagleConfig(version=3), tiny_llama), tiny_llama, tmp_path, engine="speculators")
+    export_head(EagleHead(EagleConfig(version=3), tiny_llama), tiny_llama, tmp_path, engine="speculators")
     write_serving_card(tmp_path, "speculators", "smollm2-135m-instruct", "me/eagle3")
     card = ModelCard.load(tmp_path / "README.md")
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.license == "apache-2.0"
@@ -322,7 +322,7 @@ def test_serving_card_links_a_builtin_target_by_its_hub_id(tiny_llama, tmp_path)
 def test_push_of_an_export_folder_pushes_it_in_its_own_format_with_a_card(tiny_llama, tmp_path, fake_hub, capsys):
     from specheads.heads.interop import export_head
 
-    head = EagleDrafter(EagleConfig(version=3), tiny_llama)
+    head = EagleHead(EagleConfig(version=3), tiny_llama)
     export_head(head, tiny_llama, tmp_path / "spec", engine="speculators")
     assert main(["push", str(tmp_path / "spec"), "me/head", "--dry-run"]) == 0
     assert capsys.readouterr().out.strip().endswith("README.md, config.json, model.safetensors")

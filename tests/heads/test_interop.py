@@ -18,7 +18,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from specheads.heads import (
     DraftModel,
     EagleConfig,
-    EagleDrafter,
+    EagleHead,
     MedusaConfig,
     MedusaHeads,
     UnsupportedTargetError,
@@ -27,7 +27,8 @@ from specheads.heads import (
 )
 from specheads.heads.borrowed import LogitTransform, logit_transform
 from specheads.heads.config import HeadConfigError, HeadLoadError
-from specheads.heads.interop import ExportError, export_head, load_eagle3_checkpoint
+from specheads.heads.eagle3_checkpoint import load_eagle3_checkpoint
+from specheads.heads.interop import ExportError, export_head
 from tests.tiny_models import ARCHITECTURES, EAGLE_REFUSED, make_tiny_llama, tiny_named
 
 
@@ -44,7 +45,7 @@ def _eagle3_head(target, draft_vocab=32, layer_ids=None, draft_layer="target"):
         torch.randint(0, 60, (800,), generator=torch.Generator().manual_seed(0)), 128, draft_vocab
     )
     config = EagleConfig(version=3, draft_vocab_size=draft_vocab, layer_ids=layer_ids or [], draft_layer=draft_layer)
-    head = EagleDrafter(config, target, d2t=d2t).eval()
+    head = EagleHead(config, target, d2t=d2t).eval()
     _randomise(head)
     return head
 
@@ -195,7 +196,7 @@ def test_exported_eagle3_loads_back_as_the_same_head(tmp_path):
     head = _eagle3_head(target)
     export_head(head, target, tmp_path, dtype=torch.float32)
     loaded = load_head(tmp_path, target)
-    assert isinstance(loaded, EagleDrafter) and loaded.version == 3 and not loaded.training
+    assert isinstance(loaded, EagleHead) and loaded.version == 3 and not loaded.training
     assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(_head_logits(loaded, target, ids), _head_logits(head, target, ids))
@@ -298,7 +299,7 @@ def test_draft_model_exports_as_a_plain_transformers_model(tmp_path):
 
 def _eagle1_head(target, fc_bias, draft_layer="target"):
     config = EagleConfig(version=1, input_norm=False, fc_bias=fc_bias, draft_layer=draft_layer)
-    head = EagleDrafter(config, target).eval()
+    head = EagleHead(config, target).eval()
     _randomise(head)
     return head
 
@@ -403,11 +404,11 @@ def test_every_family_exports_what_the_engines_compute_or_is_refused(tmp_path, n
 def test_eagle1_heads_the_engines_cannot_reproduce_are_refused(tmp_path):
     target = make_tiny_llama()
     with pytest.raises(ExportError, match="input_norm=true"):
-        export_head(EagleDrafter(EagleConfig(version=1), target), target, tmp_path)
+        export_head(EagleHead(EagleConfig(version=1), target), target, tmp_path)
     with pytest.raises(ExportError, match="no bias on fc"):
         export_head(_eagle1_head(target, fc_bias=True), target, tmp_path, engine="vllm")
     with pytest.raises(HeadConfigError, match="input_norm=false applies to EAGLE-1"):
-        EagleDrafter(EagleConfig(version=3, input_norm=False), target)
+        EagleHead(EagleConfig(version=3, input_norm=False), target)
 
 
 @pytest.mark.slow
@@ -419,7 +420,7 @@ def test_export_command_on_smollm2(smollm2, tmp_path, capsys):
     target, _ = smollm2
     corpus = torch.randint(0, 49152, (20_000,), generator=torch.Generator().manual_seed(0))
     d2t, _ = build_vocab_maps(corpus, 49152, 1024)
-    head = EagleDrafter(EagleConfig(version=3, draft_vocab_size=1024), target, d2t=d2t).eval()
+    head = EagleHead(EagleConfig(version=3, draft_vocab_size=1024), target, d2t=d2t).eval()
     _randomise(head)
     head.save_pretrained(tmp_path / "head")
     assert main(["export", str(tmp_path / "head"), str(tmp_path / "vllm"), "--dtype", "float32"]) == 0
@@ -468,11 +469,9 @@ def test_a_drafter_layer_that_is_not_llama_is_refused(tmp_path):
 
     target = _tiny_target(Qwen2Config)
     with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
-        export_head(EagleDrafter(EagleConfig(version=3), target), target, tmp_path / "eagle3")
+        export_head(EagleHead(EagleConfig(version=3), target), target, tmp_path / "eagle3")
     with pytest.raises(ExportError, match=r"not a plain Llama layer.*q_proj\.bias"):
-        export_head(
-            EagleDrafter(EagleConfig(version=1, input_norm=False), target), target, tmp_path / "eagle1", "sglang"
-        )
+        export_head(EagleHead(EagleConfig(version=1, input_norm=False), target), target, tmp_path / "eagle1", "sglang")
     assert not (tmp_path / "eagle3").exists(), "nothing is written for a refused head"
 
 
@@ -481,7 +480,7 @@ def test_heads_fed_another_hidden_state_than_the_last_are_refused(tmp_path):
     medusa = MedusaHeads(MedusaConfig(num_heads=2, layer_ids=[1]), target)
     with pytest.raises(ExportError, match=r"last hidden state \(layer_ids \[4\]\); this head reads \[1\]"):
         export_head(medusa, target, tmp_path)
-    eagle1 = EagleDrafter(EagleConfig(version=1, input_norm=False, layer_ids=[1]), target)
+    eagle1 = EagleHead(EagleConfig(version=1, input_norm=False, layer_ids=[1]), target)
     with pytest.raises(ExportError, match="last hidden state"):
         export_head(eagle1, target, tmp_path, engine="sglang")
 
@@ -569,7 +568,7 @@ def test_an_eagle3_export_for_a_family_the_engine_does_not_serve_warns_with_the_
     }
     for name, (warned, silent) in cases.items():
         target = tiny_named(name)
-        head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
+        head = EagleHead(EagleConfig(version=3, draft_layer="llama"), target).eval()
         for engine, says in warned.items():
             engine_name = "sglang" if engine == "sglang" else "vllm"
             with pytest.warns(
@@ -586,7 +585,7 @@ def test_an_eagle3_export_for_a_family_the_engine_does_not_serve_warns_with_the_
         warnings.simplefilter("error")
         for engine in ("vllm", "sglang", "speculators"):
             export_head(
-                EagleDrafter(EagleConfig(version=3), llama).eval(), llama, tmp_path / "llama" / engine, engine=engine
+                EagleHead(EagleConfig(version=3), llama).eval(), llama, tmp_path / "llama" / engine, engine=engine
             )
 
 
@@ -599,7 +598,7 @@ def test_an_sglang_export_for_a_deepseek_target_warns_unless_sglang_reads_its_la
     from specheads.heads.engine_targets import eagle3_target_warning
 
     target = tiny_named("deepseek_v3")
-    head = EagleDrafter(EagleConfig(version=3, draft_layer="llama"), target).eval()
+    head = EagleHead(EagleConfig(version=3, draft_layer="llama"), target).eval()
     assert head.layer_ids == [1, 2, 3]
     with pytest.warns(UserWarning, match=r"hidden states \[0, 1, 2\], not the \[1, 2, 3\].*the vllm and speculators"):
         export_head(head, target, tmp_path / "sglang", engine="sglang")

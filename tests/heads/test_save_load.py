@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from specheads.heads import (
     DraftModel,
     EagleConfig,
-    EagleDrafter,
+    EagleHead,
     HeadConfigError,
     HeadLoadError,
     MedusaConfig,
@@ -46,8 +46,8 @@ def _heads(target):
     return {
         "medusa": MedusaHeads(MedusaConfig(num_heads=2, num_layers=2), target),
         "medusa-shared": MedusaHeads(MedusaConfig(num_heads=2, share_lm_head=True), target),
-        "eagle1": EagleDrafter(EagleConfig(version=1), target),
-        "eagle3-reduced": EagleDrafter(EagleConfig(version=3, draft_vocab_size=48), target, d2t=d2t),
+        "eagle1": EagleHead(EagleConfig(version=1), target),
+        "eagle3-reduced": EagleHead(EagleConfig(version=3, draft_vocab_size=48), target, d2t=d2t),
         "draft-model": DraftModel.from_target(target, num_layers=1),
     }
 
@@ -80,7 +80,7 @@ def test_draft_model_with_tied_embeddings_round_trips(tmp_path):
 
 
 def test_config_json_records_target(tiny_llama, tmp_path):
-    EagleDrafter(EagleConfig(version=3), tiny_llama).save_pretrained(tmp_path)
+    EagleHead(EagleConfig(version=3), tiny_llama).save_pretrained(tmp_path)
     meta = json.loads((tmp_path / "config.json").read_text())
     assert meta["head_type"] == "eagle" and meta["format_version"] == 1
     target = meta["config"]["target"]
@@ -515,13 +515,13 @@ def test_hand_edited_config_values_are_clear_errors(saved_medusa, tiny_llama, wh
     [
         (dict(intermediate_size="128"), r"cannot be built \(StrictDataclassFieldValidationError: .*intermediate_size"),
         (dict(num_attention_heads=3), r"cannot be built .*not a multiple of the number of attention heads \(3\)"),
-        (dict(head_dim=0), r"describes a EagleDrafter that cannot be built \(ZeroDivisionError"),
+        (dict(head_dim=0), r"describes a EagleHead that cannot be built \(ZeroDivisionError"),
     ],
 )
 def test_a_hand_edited_llama_layer_that_builds_no_layer_is_a_config_error(tiny_llama, tmp_path, edit, message):
     """Values no Llama layer takes came out of transformers' config validation or the rotary setup as tracebacks
     (through `specheads generate` and `export` too, which print config errors as one line)."""
-    EagleDrafter(EagleConfig(version=3, draft_layer="llama"), tiny_llama).save_pretrained(tmp_path)
+    EagleHead(EagleConfig(version=3, draft_layer="llama"), tiny_llama).save_pretrained(tmp_path)
     _edit_config(tmp_path, lambda meta: meta["config"]["llama_layer"].update(edit))
     with pytest.raises(HeadConfigError, match=message):
         load_head(tmp_path, tiny_llama)

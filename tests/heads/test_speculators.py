@@ -14,7 +14,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from specheads.heads import EagleConfig, EagleDrafter, build_vocab_maps
+from specheads.heads import EagleConfig, EagleHead, build_vocab_maps
 from specheads.heads.interop import export_head
 from tests.tiny_models import make_tiny_llama
 
@@ -27,7 +27,7 @@ def _head(target, draft_vocab, draft_layer, seed):
     d2t, _ = build_vocab_maps(
         torch.randint(0, 90, (900,), generator=torch.Generator().manual_seed(seed)), 128, draft_vocab
     )
-    head = EagleDrafter(EagleConfig(version=3, draft_vocab_size=draft_vocab, draft_layer=draft_layer), target, d2t=d2t)
+    head = EagleHead(EagleConfig(version=3, draft_vocab_size=draft_vocab, draft_layer=draft_layer), target, d2t=d2t)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # random weights everywhere: an initialised block (zeros, ones) would hide a wrong mapping
         for param in head.parameters():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specheads.heads import EagleConfig, EagleDrafter
+from specheads.heads import EagleConfig, EagleHead
 from specheads.target import load_target
 from specheads.training.config import LoraSection, LossSection, load_config
 from specheads.training.features import extract_features
@@ -29,7 +29,7 @@ def test_anchor_offset_positions_keep_the_anchor_and_shift_the_rest():
 class PositionRecorder:
     """Records the position ids of every drafter forward (a forward pre-hook on the real head)."""
 
-    def __init__(self, head: EagleDrafter) -> None:
+    def __init__(self, head: EagleHead) -> None:
         self.seen: list[torch.Tensor] = []
         head.register_forward_pre_hook(lambda module, args: self.seen.append(args[2].clone()))
 
@@ -37,7 +37,7 @@ class PositionRecorder:
 @pytest.mark.parametrize("version", [1, 3])
 def test_eagle_objectives_train_at_offset_positions(tiny_target_dir, version):
     target, _ = load_target(tiny_target_dir)
-    head = EagleDrafter(EagleConfig(version=version), target)
+    head = EagleHead(EagleConfig(version=version), target)
     loss_cfg = LossSection(ttt_steps=3, position_offset=5000, anchor_tokens=2, input_noise=0.0)
     objective = build_objective(head, target, loss_cfg, LoraSection(), seed=0)
     ids = torch.randint(0, 1000, (3, 20), generator=torch.Generator().manual_seed(1))

@@ -10,7 +10,7 @@ import pytest
 
 from specheads.heads import HeadConfigError
 from specheads.training.config import load_config
-from specheads.training.loop import build_head
+from specheads.training.run_setup import build_head
 from tests.tiny_models import make_tiny_llama, tiny_named
 from tests.training.train_helpers import REPO
 
@@ -63,7 +63,7 @@ def test_training_says_before_the_run_when_the_head_will_not_export(caplog):
     ]
     for path, overrides, target, refusal in cases:
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="specheads.training.loop"):
+        with caplog.at_level(logging.INFO, logger="specheads.training.run_setup"):
             build_head(load_config(path, overrides), target, TOKENS)
         said = [r.getMessage() for r in caplog.records if "will refuse this head" in r.getMessage()]
         if refusal is None:

@@ -15,11 +15,11 @@ from specheads.training.checkpoint import (
     completed_checkpoints,
     latest_checkpoint,
     prune_checkpoints,
-    resolve_resume,
     save_checkpoint,
 )
 from specheads.training.config import load_config
 from specheads.training.loop import train
+from specheads.training.resume import resolve_resume
 from tests.training.train_helpers import REPO, tiny_overrides
 
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specheads.training.checkpoint import checkpoint_root, completed_checkpoints, resolve_resume
+from specheads.training.checkpoint import checkpoint_root, completed_checkpoints
 from specheads.training.checkpoint_damage import EXACTNESS_FILES, NEEDED_FILES, damaged_files
 from specheads.training.config import ConfigError, load_config
 from specheads.training.loop import train
+from specheads.training.resume import resolve_resume
 from tests.training.train_helpers import REPO, tiny_overrides
 
 MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"

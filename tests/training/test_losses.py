@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specheads.heads import EagleConfig, EagleDrafter, MedusaConfig, MedusaHeads
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from specheads.training.losses import (
     TargetDistribution,
     chain_tau,
@@ -117,7 +117,7 @@ def test_eagle3_unroll_equals_running_each_chain_separately(tiny_llama):
     previous hidden output with token t+1+j at position t+j (plain attention to everything in that cache).
     """
     torch.manual_seed(0)
-    drafter = EagleDrafter(EagleConfig(version=3, layer_ids=[1, 2, 3]), tiny_llama).eval()
+    drafter = EagleHead(EagleConfig(version=3, layer_ids=[1, 2, 3]), tiny_llama).eval()
     batch, length, steps = 1, 6, 3
     features = torch.randn(batch, length, 64)
     ids = torch.randint(0, 128, (batch, length))
@@ -155,7 +155,7 @@ def test_eagle3_loss_skips_and_acceptance_misses_target_tokens_outside_the_draft
     from specheads.heads import build_vocab_maps
 
     d2t, t2d = build_vocab_maps(torch.arange(16)[None], 128, 16)  # draft vocab = target ids 0..15
-    drafter = EagleDrafter(EagleConfig(version=3, layer_ids=[1, 2, 3], draft_vocab_size=16), tiny_llama, d2t=d2t)
+    drafter = EagleHead(EagleConfig(version=3, layer_ids=[1, 2, 3], draft_vocab_size=16), tiny_llama, d2t=d2t)
     logits = torch.full((1, 5, 128), -10.0)
     logits[0, :, 3] = 10.0  # the target's greedy token is 3 (inside) ...
     logits[0, 2, 3], logits[0, 2, 100] = -10.0, 10.0  # ... except at position 2 (token 100, outside)

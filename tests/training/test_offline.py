@@ -64,7 +64,7 @@ def test_several_caches_train_as_one_dataset(tiny_target_dir, small_chat_file, t
     assert both.loss_tokens() == [s["input_ids"][s["loss_mask"].bool()].tolist() for s in every]
     assert both.loss_tokens() == first.loss_tokens() + second.loss_tokens()
     # what resume checks the data with: the caches' content digests, read without loading a feature
-    from specheads.training.checkpoint import data_digest
+    from specheads.training.resume import data_digest
 
     held_out = CachedFeatureDataset(caches["a"] / "eval")
     assert data_digest(first, held_out) == data_digest(CachedFeatureDataset(caches["a"] / "train"), held_out)

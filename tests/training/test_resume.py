@@ -10,7 +10,8 @@ from specheads.heads import load_head
 from specheads.target import load_target
 from specheads.training.checkpoint import completed_checkpoints, latest_checkpoint
 from specheads.training.config import load_config
-from specheads.training.loop import EpochLengthGroupedSampler, train
+from specheads.training.loop import train
+from specheads.training.run_setup import EpochLengthGroupedSampler
 from tests.training.train_helpers import REPO, tiny_overrides
 
 EAGLE1 = REPO / "configs" / "eagle1" / "smollm2-135m.yaml"
