@@ -1,5 +1,6 @@
 """``make demo``: train an EAGLE-3 head for SmolLM2-135M-Instruct on committed self-distilled data, benchmark it
-against plain ``generate`` on a few Spec-Bench prompts, and print how to generate with it.
+beside the repository's reference head (a full training run's, ``reference/``) against plain ``generate`` on a few
+Spec-Bench prompts, and print how to generate with them.
 Optional: ``--questions PATH`` (Spec-Bench's question.jsonl).
 
 The data step is already done: ``data/smollm2-135m-instruct-greedy-1k.jsonl`` holds 1,000 conversations whose
@@ -24,6 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
 CONFIG = REPO / "configs" / "eagle3" / "smollm2-135m.yaml"
 HEAD_DIR = REPO / "runs" / "demo-eagle3-smollm2-135m"
+REFERENCE_HEAD = REPO / "reference" / "eagle3-smollm2-135m-instruct"
+"""The best head this project has trained for the target (how: docs/results.md, "The reference head")."""
 BENCH_DIR = REPO / "runs" / "demo-bench"
 TARGET = "smollm2-135m-instruct"
 
@@ -56,7 +59,7 @@ BENCH = BenchSettings(
     target=TARGET,
     per_category=1,
     max_new_tokens=64,
-    heads=[str(HEAD_DIR)],
+    heads=[str(HEAD_DIR), str(REFERENCE_HEAD)],
     trees=["auto"],
     methods=[],
     lookup_branch=5,  # the head again with prompt lookup grafted onto its tree (specheads.decoding.lookup_branch)
@@ -75,7 +78,7 @@ def demo_main(argv: list[str] | None = None) -> int:
         help="Spec-Bench question file (default: the repository's data/spec_bench/question.jsonl)",
     )
     args = parser.parse_args(argv)
-    missing = [path for path in (DATA, CONFIG) if not path.is_file()]
+    missing = [path for path in (DATA, CONFIG, REFERENCE_HEAD / "config.json") if not path.is_file()]
     if missing:  # installed from a wheel: the package alone has neither
         print(
             f"make demo: {missing[0]} not found: the demo's data and config come with a checkout of the repository, "
@@ -109,7 +112,8 @@ def demo_main(argv: list[str] | None = None) -> int:
         shown = ", ".join(f"{k} {v:.3f}" for k, v in result.metrics.items() if "top1" in k or k.endswith("tau"))
         print(f"  trained {result.step} steps ({time.perf_counter() - started:.0f} s); held-out: {shown}")
     what = f"{BENCH.per_category} Spec-Bench prompt(s) per category, {BENCH.max_new_tokens} new tokens, T=0"
-    stage(4, 4, f"Benchmarking against plain generate: {what}; the head alone and with a prompt-lookup branch")
+    stage(4, 4, f"Benchmarking against plain generate: {what}; the demo head and the reference head")
+    print(f"  each alone and with a prompt-lookup branch; the reference head: {REFERENCE_HEAD.relative_to(REPO)}")
     report, paths = run_bench(dataclasses.replace(BENCH, questions=questions), target, tokenizer)
     print_summary(report)
     warn_mismatches(report)
@@ -117,6 +121,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     minutes = (time.perf_counter() - start) / 60
     print(f"Demo finished in {minutes:.1f} minutes. Generate with the head (--tree auto: the tree just chosen):\n")
     print(f"  {GENERATE_COMMAND}")
+    print(f"  {GENERATE_COMMAND.replace(str(HEAD_DIR.relative_to(REPO)), str(REFERENCE_HEAD.relative_to(REPO)))}")
     print("\nServe it with vLLM or SGLang on a GPU (writes their EAGLE-3 format, prints the serve command):\n")
     print(f"  {EXPORT_COMMAND}")
     return 1 if report["mismatches"] else 0

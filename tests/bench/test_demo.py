@@ -23,7 +23,8 @@ def test_demo_training_overrides_are_a_valid_eagle3_config():
 
 
 def test_demo_bench_compares_only_against_plain_generate():
-    assert demo.BENCH.methods == [] and demo.BENCH.heads == [str(demo.HEAD_DIR)]
+    assert demo.BENCH.methods == [] and demo.BENCH.heads == [str(demo.HEAD_DIR), str(demo.REFERENCE_HEAD)]
+    assert (demo.REFERENCE_HEAD / "config.json").is_file()  # committed: the demo benches it without training it
     assert demo.BENCH.lookup_branch == 5  # the head is also shown with a prompt-lookup branch (NAME+lookup)
 
 

@@ -1,0 +1,47 @@
+"""The committed reference head (``reference/``) loads strictly, decodes losslessly and accepts drafts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import safetensors
+import torch
+
+from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.generator import SpeculativeGenerator
+from specheads.decoding.tree import DynamicTreeConfig
+from specheads.heads import EagleHead, load_head
+
+pytestmark = pytest.mark.slow
+REFERENCE = Path(__file__).resolve().parents[2] / "reference" / "eagle3-smollm2-135m-instruct"
+TAU_FLOOR = 1.15  # committed head: 1.31 on these prompts; a head that drafts at random gets ~1.0
+PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips "
+    "did Natalia sell altogether in April and May?",
+    "Explain in three sentences why the sky is blue.",
+]
+
+
+def test_reference_head_is_small_bf16_and_decodes_greedy_identically_with_accepted_drafts(smollm2):
+    model, tokenizer = smollm2
+    size = sum(path.stat().st_size for path in REFERENCE.iterdir())
+    assert size <= 48 * 2**20, f"the reference head is {size / 2**20:.1f} MiB; the repository keeps it <= 48 MiB"
+    with safetensors.safe_open(str(REFERENCE / "model.safetensors"), "pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} >= {"BF16"}
+    head = load_head(REFERENCE, model)
+    assert isinstance(head, EagleHead) and head.version == 3
+    generator = SpeculativeGenerator(model, tokenizer, EagleTreeDrafter(head, DynamicTreeConfig(3, 2, 6)))
+    accepted, steps = 0, 0
+    for prompt in PROMPTS:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+        expected = model.generate(ids, do_sample=False, max_new_tokens=48, attention_mask=torch.ones_like(ids))
+        result = generator.generate(ids[0], max_new_tokens=48)
+        assert result.token_ids == expected[0, ids.shape[1] :].tolist(), prompt
+        accepted += sum(result.stats.accepted_lengths)
+        steps += len(result.stats.accepted_lengths)
+    tau = 1 + accepted / steps
+    assert tau > TAU_FLOOR, f"tau {tau:.2f}: the reference head accepts less than it did when committed"
