@@ -21,14 +21,7 @@ from specheads.heads import build_vocab_maps
 from specheads.target import load_target
 from specheads.training.config import load_config
 from specheads.training.data import DataConfig, build_datasets
-
-
-def answer_tokens(dataset) -> list[list[int]]:
-    """The tokens with a loss (assistant answers) of each record."""
-    return [
-        [token for token, keep in zip(ids, mask, strict=True) if keep]
-        for ids, mask in zip(dataset["input_ids"], dataset["loss_mask"], strict=True)
-    ]
+from specheads.training.run_setup import loss_tokens
 
 
 def main() -> None:
@@ -43,13 +36,13 @@ def main() -> None:
     _, tokenizer = load_target(cfg.target.name)
     train, _ = build_datasets(cfg.data, tokenizer)
     vocab = len(tokenizer)
-    training_tokens = answer_tokens(train)
+    training_tokens = loss_tokens(train)
     bench, _ = build_datasets(DataConfig(paths=[args.data], max_length=cfg.data.max_length, eval_size=0), tokenizer)
     prompts = [json.loads(x) for x in Path(args.categories).read_text().splitlines() if x.strip()]
     category = {prompt["id"]: prompt["category"] for prompt in prompts}
     records = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
     groups: dict[str, list[int]] = {}
-    for tokens, record in zip(answer_tokens(bench), records, strict=True):
+    for tokens, record in zip(loss_tokens(bench), records, strict=True):
         groups.setdefault(category[record["id"]], []).extend(tokens)
     groups["all"] = [t for name in list(groups) for t in groups[name]]
     print(f"{len(training_tokens)} training records, {sum(map(len, training_tokens)):,} answer tokens; vocab {vocab}")

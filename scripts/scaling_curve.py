@@ -30,9 +30,9 @@ from specheads.training.checkpoint import WEIGHTS_FILE, completed_checkpoints, r
 from specheads.training.config import LoraSection, LossSection, load_config
 from specheads.training.data import DataConfig, build_datasets, collate
 from specheads.training.features import FeatureSource
-from specheads.training.run_setup import EpochLengthGroupedSampler
 from specheads.training.metrics import evaluate
 from specheads.training.objective import build_objective
+from specheads.training.run_setup import EpochLengthGroupedSampler
 
 
 def tokens_per_step(cfg, tokenizer) -> list[tuple[int, int]]:

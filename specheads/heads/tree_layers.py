@@ -119,7 +119,7 @@ def sliding_windows(target: PreTrainedModel) -> set[int]:
 
 def warn_if_trees_cannot_be_verified(target: PreTrainedModel) -> None:
     """Training's early word on a target that specheads' decoder will refuse (the head can still be exported)."""
-    reason = tree_obstacle(target, probe=True)
+    reason = tree_obstacle(target)
     if reason is not None:
         warnings.warn(
             f"{reason.rstrip('.')}. specheads' decoder will refuse this target, so a head trained on it cannot be "

@@ -33,7 +33,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.target import load_target
+from specheads.heads.tree_layers import mask_probe_obstacle
+from specheads.target import TargetLoadError, load_target
 from specheads.training.accumulation import accumulation_rounds, micro_batches, token_weights
 from specheads.training.checkpoint import (
     keep_trainable_state_only,
@@ -150,10 +151,12 @@ def _prepare(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTra
     log_with, init_kwargs = tracker_setup(cfg, resuming=resume_from is not None)
     precision = check_before_loading(cfg)
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
-        # not refused for trees here: the head can still be exported; build_head warns (tree_layers' one answer)
+        # a forward ignoring the tree mask is refused; other obstacles only warn (build_head): the head still exports
         target, tokenizer = load_target(
             cfg.target.name, dtype=getattr(torch, cfg.target.dtype), device=launch_device(), check_tree_attention=False
         )
+        if (reason := mask_probe_obstacle(target)) is not None:
+            raise TargetLoadError(reason)
     target_was_training = target.training
     accelerator = _accelerator(cfg, precision, log_with)
     target.to(accelerator.device)

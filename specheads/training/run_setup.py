@@ -72,7 +72,7 @@ def _fresh_head(cfg: TrainConfig, target: PreTrainedModel, train_dataset: Any) -
     vocab = target.config.get_text_config().vocab_size
     draft_vocab = getattr(config, "draft_vocab_size", None)
     if head_cls is EagleHead and config.version == 3 and draft_vocab and draft_vocab < vocab:
-        d2t, _ = build_vocab_maps(_loss_tokens(train_dataset), vocab, draft_vocab)
+        d2t, _ = build_vocab_maps(loss_tokens(train_dataset), vocab, draft_vocab)
         return EagleHead(config, target, d2t=d2t)
     return head_cls(config, target)
 
@@ -128,7 +128,7 @@ def lengths(dataset: Any) -> list[int]:
     return [len(ids) for ids in dataset["input_ids"]]
 
 
-def _loss_tokens(dataset: Any) -> list[list[int]]:
+def loss_tokens(dataset: Any) -> list[list[int]]:
     """Assistant tokens of every training sample (what an EAGLE-3 draft vocabulary is counted from)."""
     if isinstance(dataset, FEATURE_CACHES):
         return dataset.loss_tokens()
