@@ -12,13 +12,16 @@ Measured per length, as medians over steps and prompts:
 
     python scripts/long_context_costs.py [--head runs/eagle3] [--tree chain:3] [--per-length 1] [--steps 8]
 
-Prints a markdown table (and writes it, with the raw numbers, under ``--out``). Timings on a busy machine are noisy:
-say what else ran.
+The target runs under the CPU kernel choice that ``specheads generate`` and ``specheads bench`` use
+(``SmallBatchLinear``), for ``generate`` as for the speculative steps; ``--stock-kernels`` measures without it. One
+untimed run on the first prompt warms both up. Prints a markdown table (and writes it, with the raw numbers, under
+``--out``). Timings on a busy machine are noisy: say what else ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -36,6 +39,7 @@ from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.decoding.kv_cache import commit_path, crop_to, new_cache
 from specheads.decoding.ngram_index import NgramIndex
 from specheads.decoding.prompt_lookup_drafter import lookup_match
+from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
 from specheads.decoding.verify import select_rows, verify_tree
 from specheads.heads import EagleConfig, EagleHead, load_head
 from specheads.target import load_target
@@ -102,13 +106,15 @@ def lookup_costs(context: list[int], repeats: int = 50) -> dict[str, float]:
     return {"lookup_index_us": 1e6 * indexed, "lookup_rescan_us": 1e6 * rescan}
 
 
-def head_speed(model: Any, tokenizer: Any, drafter: Any, ids: torch.Tensor, new_tokens: int) -> dict[str, float]:
+def head_speed(
+    model: Any, tokenizer: Any, drafter: Any, ids: torch.Tensor, new_tokens: int, kernels: Any
+) -> dict[str, float]:
     """tau and wall time of the head's speculative decoding, and of ``generate``, on one prompt (greedy)."""
     prompt = ids.view(1, -1)
     start = time.perf_counter()
     model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, do_sample=False)
     generate_s = time.perf_counter() - start
-    result = SpeculativeGenerator(model, tokenizer, drafter, acceptance="greedy").generate(
+    result = SpeculativeGenerator(model, tokenizer, drafter, acceptance="greedy", kernels=kernels).generate(
         prompt, max_new_tokens=new_tokens
     )
     return {"tau": result.stats.tau, "speedup": generate_s / result.stats.total_s}
@@ -121,14 +127,23 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     full = build_drafter(head, args.tree)
     windowed = with_drafter_window(full, DrafterWindow(args.sinks, args.window))
     questions = select_per_category(load_questions(args.questions), args.per_length)
+    kernels = None if args.stock_kernels else SmallBatchLinear()
+    with kernels(model) if kernels is not None else contextlib.nullcontext():
+        return measure_questions(args, model, tokenizer, (full, windowed), questions, kernels)
+
+
+def measure_questions(args, model, tokenizer, drafters, questions, kernels) -> dict[str, list[dict[str, float]]]:
+    full, windowed = drafters
     rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    if args.head:  # untimed: the first generate and speculative runs pay one-off costs
+        head_speed(model, tokenizer, full, render_prompt(tokenizer, questions[0].prompt, model.device), 8, kernels)
     for question in questions:
         ids = render_prompt(tokenizer, question.prompt, model.device).view(-1)
         row: dict[str, float] = {"prompt_tokens": ids.numel()}
         for label, drafter in (("", full), ("window_", windowed)):
             row.update({f"{label}{k}": v for k, v in step_costs(model, drafter, ids, args.steps).items()})
             if args.head:
-                speed = head_speed(model, tokenizer, drafter, ids, args.max_new_tokens)
+                speed = head_speed(model, tokenizer, drafter, ids, args.max_new_tokens, kernels)
                 row.update({f"{label}{k}": v for k, v in speed.items()})
         row.update(lookup_costs(ids.tolist()))
         rows[question.category].append(row)
@@ -176,6 +191,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="with --head: tokens for tau and speedup")
     parser.add_argument("--window", type=int, default=256, help="the drafter window's recent rows")
     parser.add_argument("--sinks", type=int, default=4, help="the drafter window's sink rows")
+    parser.add_argument("--stock-kernels", action="store_true", help="without the CPU kernel choice (SmallBatchLinear)")
     parser.add_argument("--out", type=Path, default=Path("runs/long_context_costs"))
     args = parser.parse_args()
     with torch.inference_mode():

@@ -21,17 +21,14 @@ from pathlib import Path
 
 import safetensors.torch
 import torch
-from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from specheads.heads import HEADS, EagleHead
 from specheads.target import load_target
 from specheads.training.checkpoint import WEIGHTS_FILE, completed_checkpoints, read_step
-from specheads.training.config import LoraSection, LossSection, load_config
+from specheads.training.config import load_config
 from specheads.training.data import DataConfig, build_datasets, collate
-from specheads.training.features import FeatureSource
-from specheads.training.metrics import evaluate
-from specheads.training.objective import build_objective
+from specheads.training.metrics import teacher_forced_acceptance
 from specheads.training.run_setup import EpochLengthGroupedSampler
 
 
@@ -76,13 +73,6 @@ def checkpoint_head(cfg, target, checkpoint: Path, out: Path) -> torch.nn.Module
     return head
 
 
-def acceptance(head, target, loader, depths: int) -> dict[str, float]:
-    objective = build_objective(head, target, LossSection(ttt_steps=depths), LoraSection(), 0)
-    features = FeatureSource(target, head.layer_ids, with_logits=objective.needs_logits)
-    metrics = evaluate(Accelerator(cpu=True), objective, loader, features, None)
-    return {f"depth{d}": metrics[f"eval/top1/step{d}"] for d in range(1, depths + 1)} | {"tau": metrics["eval/tau"]}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True, help="a training output_dir with checkpoints/")
@@ -124,7 +114,7 @@ def main() -> None:
         row = {"step": step, "target_tokens": seen, "loss_tokens": trained}
         for name, indices in groups.items():
             loader = DataLoader(dataset.select(indices), batch_size=4, collate_fn=merge)
-            row[name] = acceptance(head, target, loader, args.depths)
+            row[name] = teacher_forced_acceptance(head, target, loader, args.depths)
         measured.write_text(json.dumps(row))
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -12,8 +12,10 @@ import torch
 from accelerate import Accelerator
 
 from specheads.training.accumulation import batch_rows, loss_tokens
+from specheads.training.config import LoraSection, LossSection
 from specheads.training.features import FeatureSource
 from specheads.training.losses import Stats, add_stats, chain_tau, ratios
+from specheads.training.objective import build_objective
 
 
 class Throughput:
@@ -128,3 +130,12 @@ def repeated_eval_rows(accelerator: Accelerator, rows: int) -> int:
 def bar_fields(metrics: dict[str, float]) -> dict[str, str]:
     fields = {"tau": metrics.get("eval/tau"), "acc1": metrics.get("eval/top1/head1", metrics.get("eval/top1/step1"))}
     return {k: f"{v:.3f}" for k, v in fields.items() if v is not None and not math.isnan(v)}
+
+
+def teacher_forced_acceptance(head, target, loader, depths: int) -> dict[str, float]:
+    """A head's acceptance at depths 1..``depths`` on a loader's loss positions, teacher-forced against the target's
+    own next-token choice (the training-time test's ``top1/step d``), and the chain tau it implies."""
+    objective = build_objective(head, target, LossSection(ttt_steps=depths), LoraSection(), 0)
+    features = FeatureSource(target, head.layer_ids, with_logits=objective.needs_logits)
+    metrics = evaluate(Accelerator(cpu=True), objective, loader, features, None)
+    return {f"depth{d}": metrics[f"eval/top1/step{d}"] for d in range(1, depths + 1)} | {"tau": metrics["eval/tau"]}

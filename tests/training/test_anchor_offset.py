@@ -10,6 +10,7 @@ from specheads.target import load_target
 from specheads.training.config import LoraSection, LossSection, load_config
 from specheads.training.features import extract_features
 from specheads.training.loop import train
+from specheads.training.metrics import teacher_forced_acceptance
 from specheads.training.objective import anchor_offset_positions, build_objective
 from tests.training.train_helpers import REPO, tiny_overrides
 
@@ -72,3 +73,28 @@ def test_a_training_run_with_anchor_offsets(tiny_target_dir, small_chat_file, tm
     )
     result = train(config)
     assert result.finished and result.step == 2 and (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_teacher_forced_acceptance_by_band_of_positions(tiny_target_dir):
+    """What scripts/position_acceptance.py measures: features computed once and passed with each band's loss mask
+    give the same acceptance as computing them online, and the bands' position counts add up to the whole."""
+    target, _ = load_target(tiny_target_dir)
+    torch.manual_seed(0)
+    head = EagleHead(EagleConfig(version=3), target).eval()
+    ids = torch.randint(0, 1000, (1, 48), generator=torch.Generator().manual_seed(2))
+    ones = torch.ones_like(ids)
+    features = extract_features(target, ids, ones, head.layer_ids)
+
+    def band(start: int, end: int) -> dict[str, torch.Tensor]:
+        mask = torch.zeros_like(ids)
+        mask[0, start:end] = 1
+        return {"input_ids": ids, "attention_mask": ones, "loss_mask": mask}
+
+    online = teacher_forced_acceptance(head, target, [band(0, 47)], depths=2)
+    cached = teacher_forced_acceptance(head, target, [(band(0, 47), features)], depths=2)
+    assert online == pytest.approx(cached)
+    assert set(online) == {"depth1", "depth2", "tau"} and 0.0 <= online["depth1"] <= 1.0 and online["tau"] >= 1.0
+    early = teacher_forced_acceptance(head, target, [(band(0, 20), features)], depths=1)["depth1"]
+    late = teacher_forced_acceptance(head, target, [(band(20, 47), features)], depths=1)["depth1"]
+    whole = teacher_forced_acceptance(head, target, [(band(0, 47), features)], depths=1)["depth1"]
+    assert whole == pytest.approx((early * 20 + late * 27) / 47, abs=1e-6)  # the last position has no next token
