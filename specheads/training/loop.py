@@ -238,7 +238,7 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     checkpoints at their intervals, then the final save."""
     tc, out = cfg.train, Path(cfg.train.output_dir)
     run = _prepare(cfg, target, tokenizer)
-    accelerator, objective, optimizer, scheduler = run.accelerator, run.objective, run.optimizer, run.scheduler
+    accelerator, objective = run.accelerator, run.objective
     step, window = _start(run, cfg)
     history: list[dict[str, float]] = []
 
@@ -260,32 +260,13 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     rounds = accumulation_rounds(micro_batches(accelerator, run.train_loader, micro), tc.grad_accum)
     while step < tc.max_steps and not stopped:
         group = next(rounds)
-        weights = token_weights(accelerator, group, tc.grad_accum, tc.weight_by_tokens)  # one all-reduce
-        for batch, (weight, tokens) in zip(group, weights):
-            throughput.count(batch)
-            draw = micro * accelerator.num_processes + accelerator.process_index
-            micro += 1
-            with accelerator.accumulate(objective):
-                loss, stats = objective(*run.features(batch), draw)
-                accelerator.backward(loss * weight)  # token-weighted: the step's gradient is its tokens' mean
-                if accelerator.sync_gradients and tc.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(run.params, tc.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            stats["loss"] = torch.stack([loss.detach().float() * tokens, tokens])
-            add_stats(window, stats)
+        micro = _optimizer_step(run, tc, group, micro, window, throughput)
         if not accelerator.sync_gradients:  # Accelerate's own count of A micro-batches must end with the group
             raise RuntimeError(f"optimizer step out of step with the {len(group)} micro-batches accumulated")
         step += 1
         bar.update(1)
         if step % tc.log_every == 0 or step == tc.max_steps:
-            logged = {f"train/{k}": v for k, v in reduce_stats(accelerator, window).items()}
-            logged["train/lr"] = scheduler.get_last_lr()[0]
-            if run.adapters:
-                logged["train/lr_lora"] = scheduler.get_last_lr()[1]
-            logged["train/target_tokens_per_s"] = throughput.window_rate()
-            accelerator.log(with_tau(logged, "train/"), step=step)
+            logged = _log_window(run, window, throughput, step)
             bar.set_postfix(loss=f"{logged['train/loss']:.3f}", **bar_fields(metrics))
             window = {}
         if tc.eval_every and (step % tc.eval_every == 0 or step == tc.max_steps):
@@ -311,6 +292,40 @@ def _train(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTrain
     accelerator.end_training()
     run.target.train(run.target_was_training)  # Medusa-2's objective switched the adapters inside it to train mode
     return TrainResult(out, step, metrics, history, finished, checksum, target_tokens_per_s=throughput.overall_rate())
+
+
+def _optimizer_step(run, tc, group: list, micro: int, window: Stats, throughput: Throughput) -> int:
+    """One optimizer step over a round of micro-batches, each weighted by its share of the round's loss tokens;
+    adds their statistics to ``window`` and returns the count of micro-batches consumed."""
+    accelerator, objective = run.accelerator, run.objective
+    weights = token_weights(accelerator, group, tc.grad_accum, tc.weight_by_tokens)  # one all-reduce
+    for batch, (weight, tokens) in zip(group, weights):
+        throughput.count(batch)
+        draw = micro * accelerator.num_processes + accelerator.process_index
+        micro += 1
+        with accelerator.accumulate(objective):
+            loss, stats = objective(*run.features(batch), draw)
+            accelerator.backward(loss * weight)  # token-weighted: the step's gradient is its tokens' mean
+            if accelerator.sync_gradients and tc.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(run.params, tc.max_grad_norm)
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad()
+        stats["loss"] = torch.stack([loss.detach().float() * tokens, tokens])
+        add_stats(window, stats)
+    return micro
+
+
+def _log_window(run, window: Stats, throughput: Throughput, step: int) -> dict[str, float]:
+    """Log the statistics gathered since the last log (all processes reduced), the learning rates and throughput."""
+    accelerator, scheduler = run.accelerator, run.scheduler
+    logged = {f"train/{k}": v for k, v in reduce_stats(accelerator, window).items()}
+    logged["train/lr"] = scheduler.get_last_lr()[0]
+    if run.adapters:
+        logged["train/lr_lora"] = scheduler.get_last_lr()[1]
+    logged["train/target_tokens_per_s"] = throughput.window_rate()
+    accelerator.log(with_tau(logged, "train/"), step=step)
+    return logged
 
 
 def _save_final(accelerator, objective, cfg: TrainConfig, target, metrics: dict[str, float], out: Path) -> None:
