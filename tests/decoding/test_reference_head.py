@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import safetensors
 import torch
 
-from specheads.decoding.eagle_draft import EagleTreeDrafter
+from specheads.decoding.eagle_draft import DrafterWindow, EagleTreeDrafter, with_drafter_window
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.tree import DynamicTreeConfig
 from specheads.heads import EagleHead, load_head
@@ -24,6 +25,13 @@ PROMPTS = [
 ]
 
 
+def chat_ids(tokenizer, text: str) -> torch.Tensor:
+    """(1, T) ids of one user turn through the chat template."""
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
+
+
 def test_reference_head_is_small_bf16_and_decodes_greedy_identically_with_accepted_drafts(smollm2):
     model, tokenizer = smollm2
     size = sum(path.stat().st_size for path in REFERENCE.iterdir())
@@ -35,9 +43,7 @@ def test_reference_head_is_small_bf16_and_decodes_greedy_identically_with_accept
     generator = SpeculativeGenerator(model, tokenizer, EagleTreeDrafter(head, DynamicTreeConfig(3, 2, 6)))
     accepted, steps = 0, 0
     for prompt in PROMPTS:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
+        ids = chat_ids(tokenizer, prompt)
         expected = model.generate(ids, do_sample=False, max_new_tokens=48, attention_mask=torch.ones_like(ids))
         result = generator.generate(ids[0], max_new_tokens=48)
         assert result.token_ids == expected[0, ids.shape[1] :].tolist(), prompt
@@ -45,3 +51,25 @@ def test_reference_head_is_small_bf16_and_decodes_greedy_identically_with_accept
         steps += len(result.stats.accepted_lengths)
     tau = 1 + accepted / steps
     assert tau > TAU_FLOOR, f"tau {tau:.2f}: the reference head accepts less than it did when committed"
+
+
+LONG_QUESTIONS = Path(__file__).resolve().parents[2] / "data" / "long_context" / "questions.jsonl"
+
+
+@pytest.mark.parametrize("category", ["long-1k", "long-2k", "long-7.5k"])
+def test_reference_head_is_greedy_identical_on_long_prompts_with_and_without_the_window(smollm2, category):
+    """The long-context set's 'question' task at each length, through the real head: the target's own greedy tokens
+    with a drafter that reads every row and with a 4 + 256-row window."""
+    model, tokenizer = smollm2
+    record = next(
+        r
+        for r in map(json.loads, LONG_QUESTIONS.read_text().splitlines())
+        if r["category"] == category and r["task"] == "question"
+    )
+    ids = chat_ids(tokenizer, record["turns"][0])
+    expected = model.generate(ids, do_sample=False, max_new_tokens=24, attention_mask=torch.ones_like(ids))
+    full = EagleTreeDrafter(load_head(REFERENCE, model), DynamicTreeConfig(3, 2, 6))
+    for drafter in (full, with_drafter_window(full, DrafterWindow(sinks=4, recent=256))):
+        result = SpeculativeGenerator(model, tokenizer, drafter).generate(ids[0], max_new_tokens=24)
+        assert result.token_ids == expected[0, ids.shape[1] :].tolist(), (category, type(drafter).__name__)
+    assert ids.shape[1] > {"long-1k": 900, "long-2k": 1900, "long-7.5k": 7000}[category]

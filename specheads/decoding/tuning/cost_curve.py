@@ -32,6 +32,10 @@ COST_CURVE_VERSION = 5  # bump when what is timed changes (2: swap kernel; 3: ro
 """Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
 
 
+BUSY_DROP = 0.6  # a larger size timed under 60% of a smaller one ...
+BUSY_MARGIN_S = 0.02  # ... and 20 ms under it: beyond what a quiet machine's noise or a tiny model's overhead gives
+
+
 @dataclass
 class CostCurve:
     """Seconds of one target forward over n new tokens on top of a cached prefix, at a few n."""
@@ -53,6 +57,16 @@ class CostCurve:
                 return s0 + (s1 - s0) * (n - n0) / (n1 - n0)
         slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2]) if len(sizes) > 1 else 0.0
         return secs[-1] + slope * (n - sizes[-1])
+
+    def timed_while_busy(self) -> bool:
+        """A forward over more tokens cannot cost much less than one over fewer: a curve where it does (by over
+        ``BUSY_DROP`` and ``BUSY_MARGIN_S``) was timed while other work slowed some of its sizes."""
+        peak = 0.0
+        for seconds in self.seconds:
+            if seconds < BUSY_DROP * peak and peak - seconds > BUSY_MARGIN_S:
+                return True
+            peak = max(peak, seconds)
+        return False
 
     def relative(self) -> list[float]:
         """Cost of each measured size relative to one token (1.0 = as cheap as a decode step)."""
@@ -156,8 +170,13 @@ def load_or_measure_cost_curve(
     use, or again with ``refresh`` (a curve timed while the machine was busy)."""
     path = cost_curve_cache_path(target, cache_dir)
     if path.is_file() and not refresh:
-        return CostCurve(**json.loads(path.read_text()))
+        cached = CostCurve(**json.loads(path.read_text()))
+        if not cached.timed_while_busy():
+            return cached
+        logger.warning("the cached verify-cost curve %s was timed on a busy machine; measuring it again", path)
     curve = measure_cost_curve(target, sizes, repeats=repeats, kernels=kernels)
+    if curve.timed_while_busy():
+        logger.warning("the verify-cost curve was timed while the machine was busy; --recalibrate when it is quiet")
     failed = write_cache_file(path, json.dumps(asdict(curve), indent=2))
     if failed:
         logger.warning(
