@@ -7,7 +7,7 @@ equals the target's own next token, given the d-1 before it were right. Compare 
 ``loss.position_offset`` (LongSpec's anchor-offset indices) against one trained without it:
 
     python scripts/position_acceptance.py --head runs/eagle3-long-control --head runs/eagle3-long \
-        --out docs/results/long-context-offset
+        --out docs/results/long-context
 
 Prints a markdown table and writes it, with the raw numbers, under ``--out``.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specheads.bench.calibration import render_prompt
+from specheads.bench.questions import load_questions
 from specheads.heads import load_head
 from specheads.target import load_target
 from specheads.training.features import extract_features
@@ -30,16 +31,16 @@ QUESTIONS = Path(__file__).resolve().parent.parent / "data" / "long_context" / "
 
 
 def documents(path: Path, category: str, tokenizer) -> list[list[int]]:
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    chosen = [r for r in records if r["category"] == category]
+    questions = load_questions(path)
+    chosen = [q for q in questions if q.category == category]
     if not chosen:
-        found = sorted({r["category"] for r in records})
+        found = sorted({q.category for q in questions})
         raise SystemExit(f"--category {category!r} has no questions in {path}; it has {found}")
-    return [render_prompt(tokenizer, r["turns"][0], torch.device("cpu")).view(-1).tolist() for r in chosen]
+    return [render_prompt(tokenizer, q.prompt, torch.device("cpu")).view(-1).tolist() for q in chosen]
 
 
 def band_batches(ids: list[int], features, start: int, end: int):
-    """One (batch, features) pair per document whose loss positions are the band [start, end)."""
+    """One document's (batch, features) pair whose loss positions are the band [start, end)."""
     length = len(ids)
     loss_mask = torch.zeros(1, length, dtype=torch.long)
     loss_mask[0, start : min(end, length)] = 1
