@@ -83,6 +83,14 @@ def main() -> None:
     parser.add_argument("--depths", type=int, default=3)
     parser.add_argument("--steps", type=int, nargs="*", default=None, help="only these checkpoints (default: all)")
     parser.add_argument("--out", required=True, help="folder for curve.json, curve.md and curve.png")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("LABEL", "CURVE_JSON"),
+        default=None,
+        help="draw another run's curve.json (dashed) in the same plot, e.g. fixed-text against regenerated data",
+    )
+    parser.add_argument("--label", default=None, help="this run's name in a compared plot (default: its folder)")
     args = parser.parse_args()
 
     run = Path(args.run)
@@ -118,10 +126,14 @@ def main() -> None:
         measured.write_text(json.dumps(row))
         rows.append(row)
         print(json.dumps(row), flush=True)
-    write_outputs(rows, list(groups), args.depths, Path(args.out))
+    compare = (args.compare[0], json.loads(Path(args.compare[1]).read_text())) if args.compare else None
+    write_outputs(rows, list(groups), args.depths, Path(args.out), (args.label or run.name, compare))
 
 
-def write_outputs(rows: list[dict], groups: list[str], depths: int, out: Path) -> None:
+def write_outputs(
+    rows: list[dict], groups: list[str], depths: int, out: Path, labels: tuple[str, tuple | None] = ("", None)
+) -> None:
+    """curve.json, curve.md and curve.png; ``labels`` is this run's name and an optional (name, rows) drawn dashed."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "curve.json").write_text(json.dumps(rows, indent=1))
     head = "| step | training tokens (loss) | " + " | ".join(f"depth {d}" for d in range(1, depths + 1)) + " | tau |"
@@ -143,8 +155,25 @@ def write_outputs(rows: list[dict], groups: list[str], depths: int, out: Path) -
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    name, compare = labels
     for d in range(1, depths + 1):
-        ax.plot([r["loss_tokens"] for r in rows], [r["all"][f"depth{d}"] for r in rows], marker="o", label=f"depth {d}")
+        line = ax.plot(
+            [r["loss_tokens"] for r in rows],
+            [r["all"][f"depth{d}"] for r in rows],
+            marker="o",
+            label=f"{name} depth {d}" if compare else f"depth {d}",
+        )
+        if compare:
+            other, other_rows = compare
+            ax.plot(
+                [r["loss_tokens"] for r in other_rows],
+                [r["all"][f"depth{d}"] for r in other_rows],
+                marker="s",
+                linestyle="--",
+                color=line[0].get_color(),
+                alpha=0.6,
+                label=f"{other} depth {d}",
+            )
     ax.set_xscale("log")
     ax.set_xlabel("training tokens (assistant tokens with a loss)")
     ax.set_ylabel("acceptance (teacher-forced, target's greedy answers)")

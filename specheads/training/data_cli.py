@@ -27,13 +27,21 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompts", required=True, help="JSONL file with 'id' and 'prompt' or 'messages'")
     gen.add_argument("--out", required=True, help="output JSONL (messages format); an existing file is resumed")
     gen.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts of the file")
-    gen.add_argument("--batch-size", type=positive_int, default=8)
+    gen.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=32,
+        help="prompts per generate call (32 measured fastest on a 2-core CPU)",
+    )
     gen.add_argument(
         "--file-order",
         action="store_true",
         help="answer the prompts in file order (default: shortest first, so batches pad less)",
     )
     gen.add_argument("--max-new-tokens", type=positive_int, default=512)
+    gen.add_argument(
+        "--max-prompt-tokens", type=positive_int, default=None, help="skip prompts longer than this many tokens"
+    )
     gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0)
@@ -89,6 +97,7 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
         by_length=not args.file_order,
+        max_prompt_tokens=args.max_prompt_tokens,
     )
     written = generate_dataset(model, tokenizer, args.prompts, args.out, settings, limit=args.limit)
     print(f"wrote {written} new conversations to {args.out}")

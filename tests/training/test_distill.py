@@ -247,3 +247,30 @@ def test_batches_hold_prompts_of_similar_lengths_and_a_rerun_answers_the_rest_sh
     in_file_order = tmp_path / "file-order.jsonl"
     generate_dataset(model, tokenizer, prompts, in_file_order, GenerationSettings(2, batch_size=8, by_length=False))
     assert [r["id"] for r in read_jsonl(in_file_order)] == [f"p{i}" for i in range(8)]
+
+
+def test_sharegpt_records_are_prompts_and_long_prompts_can_be_skipped(tiny_target_dir, tmp_path, caplog):
+    """ShareGPT's own records (``conversations`` of from/value turns) are read as prompts, the first human turn
+    answered; ``max_prompt_tokens`` skips the prompts a training length leaves no room after, and says how many."""
+    from specheads.target import load_target
+
+    prompts = tmp_path / "sharegpt.jsonl"
+    rows = [
+        {"id": "s0", "conversations": [{"from": "human", "value": "hi " * 3}, {"from": "gpt", "value": "old"}]},
+        {"id": "s1", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "why?"}]},
+        {"id": "s2", "conversations": [{"from": "human", "value": "word " * 300}]},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    records = read_prompts(prompts)
+    assert records[0]["messages"] == [{"role": "user", "content": "hi hi hi "}]
+    assert records[1]["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "why?"}]
+    model, tokenizer = load_target(str(tiny_target_dir))
+    out = tmp_path / "out.jsonl"
+    with caplog.at_level("INFO", logger="specheads.training.distill"):
+        written = generate_dataset(model, tokenizer, prompts, out, GenerationSettings(2, max_prompt_tokens=100))
+    assert written == 2 and sorted(r["id"] for r in read_jsonl(out)) == ["s0", "s1"]
+    assert "skipped 1 of 3 prompts longer than max_prompt_tokens=100" in caplog.text
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "x", "conversations": [{"from": "robot", "value": "?"}]}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: unreadable turns"):
+        read_prompts(bad)

@@ -1,0 +1,42 @@
+"""scripts/scaling_curve.py writes its table and plot, alone and with another run's curve drawn beside it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "scaling_curve.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("scaling_curve", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rows(scale: float) -> list[dict]:
+    return [
+        {
+            "step": step,
+            "target_tokens": 3 * tokens,
+            "loss_tokens": tokens,
+            "all": {"depth1": scale * step / 100, "depth2": scale * step / 200, "tau": 1 + scale * step / 100},
+            "qa": {"depth1": 0.5, "depth2": 0.25, "tau": 1.5},
+        }
+        for step, tokens in ((25, 80_000), (50, 160_000))
+    ]
+
+
+def test_the_curve_table_and_plot_alone_and_compared(tmp_path):
+    curve = load_script()
+    curve.write_outputs(rows(0.5), ["all", "qa"], 2, tmp_path / "alone")
+    table = (tmp_path / "alone" / "curve.md").read_text()
+    assert "| 50 | 160,000 | 0.250 | 0.125 | 1.25 |" in table
+    assert "Depth-1 acceptance per category at step 50" in table and "| 0.250 | 0.500 |" in table
+    assert json.loads((tmp_path / "alone" / "curve.json").read_text()) == rows(0.5)
+    curve.write_outputs(rows(1.0), ["all"], 2, tmp_path / "compared", ("regen", ("fixed", rows(0.5))))
+    png = tmp_path / "compared" / "curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > (tmp_path / "alone" / "curve.png").stat().st_size  # four more lines drawn
