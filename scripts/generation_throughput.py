@@ -4,8 +4,10 @@
         --batch-sizes 1 4 8 16 32 --max-new-tokens 128
 
 The prompts are `count` of similar length (from the middle of the file's first `--pool` prompts sorted by length),
-answered greedily by `answer_batch`, the function `data generate` runs. A token counts when it is kept in an answer
-(up to and including its end of turn); the padding a batch generates after a row has ended is the batch's cost.
+answered greedily by `answer_batch`, the function `data generate` runs (`rows`: a loop that drops each row from the
+batch as it ends), and with `--methods rows generate` also by one transformers `generate` call per batch, which steps
+every row until the longest answer ends. A token counts when it is kept in an answer (up to and including its end of
+turn); what a batch computes after a row has ended is the batch's cost.
 """
 
 from __future__ import annotations
@@ -15,9 +17,24 @@ import json
 import time
 
 import torch
+from transformers import GenerationConfig
 
-from specheads.target import load_target
-from specheads.training.distill import GenerationSettings, answer_batch, prompt_ids, read_prompts
+from specheads.target import load_target, only_this_config
+from specheads.training.distill import GenerationSettings, answer_batch, left_pad, prompt_ids, read_prompts, stop_ids
+
+
+def generate_call(model, tokenizer, conversations, max_new_tokens: int) -> int:
+    """Answer tokens kept (EOS included) from one greedy transformers ``generate`` call over the batch."""
+    input_ids, mask = left_pad([prompt_ids(tokenizer, c) for c in conversations], tokenizer.pad_token_id or 0)
+    eos = stop_ids(model, tokenizer)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    with only_this_config(model, config):
+        out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
+    kept = 0
+    for row in out[:, input_ids.shape[1] :].tolist():
+        cut = next((i for i, token in enumerate(row) if token in eos), None)
+        kept += len(row) if cut is None else cut + 1
+    return kept
 
 
 def main() -> None:
@@ -28,6 +45,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=32, help="prompts answered at every batch size")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--methods", nargs="+", default=["rows"], choices=["rows", "generate"])
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args()
 
@@ -41,17 +59,22 @@ def main() -> None:
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
     answer_batch(model, tokenizer, [chosen[0]["messages"]], GenerationSettings(max_new_tokens=8))  # warm-up
     rows = []
-    print("| batch size | answer tokens | seconds | tokens/s |")
-    print("|---|---|---|---|")
+    print("| method | batch size | answer tokens | seconds | tokens/s |")
+    print("|---|---|---|---|---|")
     for size in args.batch_sizes:
-        tokens, start = 0, time.perf_counter()
-        for first in range(0, len(chosen), size):
-            batch = [r["messages"] for r in chosen[first : first + size]]
-            settings.batch_size = size
-            tokens += sum(len(a.token_ids) + a.finished for a in answer_batch(model, tokenizer, batch, settings))
-        seconds = time.perf_counter() - start
-        rows.append({"batch_size": size, "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds})
-        print(f"| {size} | {tokens} | {seconds:.1f} | {tokens / seconds:.1f} |", flush=True)
+        for method in args.methods:  # interleaved, so a busy spell hits both
+            tokens, start = 0, time.perf_counter()
+            for first in range(0, len(chosen), size):
+                batch = [r["messages"] for r in chosen[first : first + size]]
+                if method == "generate":
+                    tokens += generate_call(model, tokenizer, batch, args.max_new_tokens)
+                else:
+                    answers = answer_batch(model, tokenizer, batch, settings)
+                    tokens += sum(len(a.token_ids) + a.finished for a in answers)
+            seconds = time.perf_counter() - start
+            row = {"method": method, "batch_size": size, "tokens": tokens, "seconds": seconds}
+            rows.append(row | {"tokens_per_s": tokens / seconds})
+            print(f"| {method} | {size} | {tokens} | {seconds:.1f} | {tokens / seconds:.1f} |", flush=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"prompt_tokens": [min(lengths), max(lengths)], "rows": rows}, f, indent=1)

@@ -12,10 +12,10 @@ Measured per length, as medians over steps and prompts:
 
     python scripts/long_context_costs.py [--head runs/eagle3] [--tree chain:3] [--per-length 1] [--steps 8]
 
-The target runs under the CPU kernel choice that ``specheads generate`` and ``specheads bench`` use
-(``SmallBatchLinear``), for ``generate`` as for the speculative steps; ``--stock-kernels`` measures without it. One
-untimed run on the first prompt warms both up. Prints a markdown table (and writes it, with the raw numbers, under
-``--out``). Timings on a busy machine are noisy: say what else ran.
+The target runs under the CPU kernels that ``specheads generate`` and ``specheads bench`` use (``CpuKernels``:
+few-row products and grouped-query attention), for ``generate`` as for the speculative steps; ``--stock-kernels``
+measures without them. One untimed run on the first prompt warms both up. Prints a markdown table (and writes it,
+with the raw numbers, under ``--out``). Timings on a busy machine are noisy: say what else ran.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.decoding.kv_cache import commit_path, crop_to, new_cache
 from specheads.decoding.ngram_index import NgramIndex
 from specheads.decoding.prompt_lookup_drafter import lookup_match
-from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
+from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.decoding.verify import select_rows, verify_tree
 from specheads.heads import EagleConfig, EagleHead, load_head
 from specheads.target import load_target
@@ -127,7 +127,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     full = build_drafter(head, args.tree)
     windowed = with_drafter_window(full, DrafterWindow(args.sinks, args.window))
     questions = select_per_category(load_questions(args.questions), args.per_length)
-    kernels = None if args.stock_kernels else SmallBatchLinear()
+    kernels = None if args.stock_kernels else CpuKernels()
     with kernels(model) if kernels is not None else contextlib.nullcontext():
         return measure_questions(args, model, tokenizer, (full, windowed), questions, kernels)
 
@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="with --head: tokens for tau and speedup")
     parser.add_argument("--window", type=int, default=256, help="the drafter window's recent rows")
     parser.add_argument("--sinks", type=int, default=4, help="the drafter window's sink rows")
-    parser.add_argument("--stock-kernels", action="store_true", help="without the CPU kernel choice (SmallBatchLinear)")
+    parser.add_argument("--stock-kernels", action="store_true", help="without the CPU kernels (CpuKernels)")
     parser.add_argument("--out", type=Path, default=Path("runs/long_context_costs"))
     args = parser.parse_args()
     with torch.inference_mode():

@@ -31,7 +31,7 @@ from specheads.decoding.cli import resolve_head_argument
 from specheads.decoding.tuning.auto_tree import (
     parse_solo_length,
 )
-from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
+from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
 from specheads.shipped_data import find_default_questions
@@ -173,7 +173,7 @@ def run_bench(
     calibration, calibration_source, calibration_ids = calibration_prompts(
         tokenizer, settings.calibration_prompts, device, held_out, calibration_data_file(settings)
     )
-    kernels = SmallBatchLinear()  # measured once here, then every method's few-row products use the same choice
+    kernels = CpuKernels()  # measured once here, then every method runs with the same CPU kernels
     methods = build_methods(settings, target, tokenizer, calibration, calibration_source, kernels)
     records = run_benchmark(
         methods,

@@ -1,10 +1,10 @@
 """How draft heads are used: tree, draft, verify, accept, cache commit, generate (the core), with machine tuning
 beside it in ``specheads.decoding.tuning`` (cost model, auto tree, backoff, CPU kernels), passed in by the caller.
 
-from specheads.decoding import SmallBatchLinear, SpeculativeGenerator, auto_tree_drafter, build_drafter
+from specheads.decoding import CpuKernels, SpeculativeGenerator, auto_tree_drafter, build_drafter
 generator = SpeculativeGenerator(target, tokenizer, build_drafter(head))  # the head type's default tree
 # on a CPU, with the matrix kernels measured faster on this machine for the few-token verify forwards:
-# generator = SpeculativeGenerator(target, tokenizer, build_drafter(head), kernels=SmallBatchLinear())
+# generator = SpeculativeGenerator(target, tokenizer, build_drafter(head), kernels=CpuKernels())
 # or a tree sized for this machine by the cost model (measured once, then cached):
 # generator = SpeculativeGenerator(target, tokenizer, auto_tree_drafter(head, head_dir, target, tokenizer).drafter)
 result = generator.generate("Why is the sky blue?", max_new_tokens=128)
@@ -41,7 +41,7 @@ from specheads.decoding.tree import (
 )
 from specheads.decoding.tuning.auto_tree import DrafterSpec, auto_tree_drafter
 from specheads.decoding.tuning.backoff import DraftBackoff
-from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
+from specheads.decoding.tuning.cpu_kernels import CpuKernels, SmallBatchLinear
 from specheads.decoding.verify import Verification, verify_tree
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "Prompt",
     "PromptLookupDrafter",
     "Sampling",
+    "CpuKernels",
     "SmallBatchLinear",
     "SpeculativeGenerator",
     "StaticTree",

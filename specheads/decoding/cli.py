@@ -35,7 +35,7 @@ from specheads.decoding.tuning.auto_tree import (
     with_lookup_branch,
 )
 from specheads.decoding.tuning.backoff import DraftBackoff
-from specheads.decoding.tuning.cpu_kernels import SmallBatchLinear
+from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.base import CONFIG_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError
@@ -172,7 +172,7 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         parser.error(f"--device {error}")
     head_dir = resolve_head_argument(args.head) if args.head else None  # before the target: a wrong one fails fast
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
-    kernels = SmallBatchLinear()  # the CPU matrix kernels measured faster here, for calibration and decoding alike
+    kernels = CpuKernels()  # the CPU kernels measured faster here, for calibration and decoding alike
     spec, adapted = DrafterSpec(None, ""), False
     if args.prompt_lookup:
         spec = DrafterSpec(PromptLookupDrafter(), "default")

@@ -44,7 +44,7 @@ ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
 
 Kernels = Callable[..., contextlib.AbstractContextManager[Any]]
 """A hook the generator enters around each request with the target and the drafter's modules, e.g. a choice of
-matrix kernels (``specheads.decoding.tuning.cpu_kernels.SmallBatchLinear``): ``with kernels(*modules): ...``."""
+CPU kernels (``specheads.decoding.tuning.cpu_kernels.CpuKernels``): ``with kernels(*modules): ...``."""
 
 
 class DraftPolicy(Protocol):
@@ -88,7 +88,7 @@ class SpeculativeGenerator:
         backoff: DraftPolicy | None = None,
     ) -> None:
         """``kernels``: entered around every request with the target and the drafter's modules (``Kernels``); the
-        CLI and the benchmark pass ``SmallBatchLinear()``, the CPU matrix kernels measured faster on this machine.
+        CLI and the benchmark pass ``CpuKernels()``, the CPU kernels measured faster on this machine.
 
         ``backoff``: a ``DraftPolicy`` that may skip drafting on steps where it does not pay (lossless), copied
         afresh for every request; ``specheads.decoding.tuning.backoff.DraftBackoff()`` is the default policy."""

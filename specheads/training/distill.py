@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import DynamicCache, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.target import only_this_config
 from specheads.training.data import DataError, to_messages
@@ -198,15 +198,19 @@ def answer_batch(
     settings: GenerationSettings,
     seed: int = 0,
 ) -> list[Answer]:
-    """The target's answers to a batch of conversations (left-padded, one ``generate`` call, cut at EOS).
+    """The target's answers to a batch of conversations (left-padded, cut at EOS).
 
-    Only the settings here apply: the target's own generation config (a ``repetition_penalty`` or
-    ``no_repeat_ngram_size`` some targets ship) is set aside, so greedy answers are the target's argmax."""
+    Greedy answers are the target's argmax, from a loop that drops each row as it ends (``greedy_rows``); sampled
+    ones come from one ``generate`` call. Only the settings here apply: the target's own generation config (a
+    ``repetition_penalty`` or ``no_repeat_ngram_size`` some targets ship) is set aside."""
     token_lists = [prompt_ids(tokenizer, messages) for messages in conversations]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     input_ids, attention_mask = left_pad(token_lists, pad_id)
     eos_ids = stop_ids(model, tokenizer)
     sampling = settings.temperature > 0
+    if not sampling:
+        rows = greedy_rows(model, input_ids, attention_mask, settings.max_new_tokens, eos_ids)
+        return [_answer(tokenizer, row, eos_ids) for row in rows]
     config = GenerationConfig(
         max_new_tokens=settings.max_new_tokens,
         do_sample=sampling,
@@ -224,12 +228,57 @@ def answer_batch(
             attention_mask=attention_mask.to(model.device),
             generation_config=config,
         )
-    answers = []
-    for row in output[:, input_ids.shape[1] :].tolist():
-        cut = next((i for i, token in enumerate(row) if token in eos_ids), None)
-        ids = row if cut is None else row[:cut]
-        answers.append(Answer(tokenizer.decode(ids, skip_special_tokens=True), ids, cut is not None))
-    return answers
+    return [_answer(tokenizer, row, eos_ids) for row in output[:, input_ids.shape[1] :].tolist()]
+
+
+def _answer(tokenizer: PreTrainedTokenizerBase, row: list[int], eos_ids: list[int]) -> Answer:
+    cut = next((i for i, token in enumerate(row) if token in eos_ids), None)
+    ids = row if cut is None else row[:cut]
+    return Answer(tokenizer.decode(ids, skip_special_tokens=True), ids, cut is not None)
+
+
+@torch.no_grad()
+def greedy_rows(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    eos_ids: list[int],
+) -> list[list[int]]:
+    """Greedy continuations of a left-padded batch (each up to and including its EOS), dropping every row from the
+    batch and its KV cache as soon as it ends.
+
+    ``generate`` steps every row until the longest answer ends, so a batch whose answers mostly stop early spends
+    most of its compute on rows already done; on a CPU a step costs about in proportion to its rows."""
+    device = model.device
+    mask = attention_mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: a row's first real token is position 0
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=input_ids.to(device), attention_mask=mask, position_ids=positions, cache=cache).logits[
+        :, -1
+    ]
+    rows: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+    active = list(range(input_ids.shape[0]))  # the batch row of each live cache row
+    last = positions[:, -1]
+    stops = torch.tensor(eos_ids, device=device)
+    for _ in range(max_new_tokens):
+        tokens = logits.argmax(-1)  # (live,)
+        for row, token in zip(active, tokens.tolist()):
+            rows[row].append(token)
+        live = ~torch.isin(tokens, stops) & torch.tensor([len(rows[r]) < max_new_tokens for r in active], device=device)
+        if not live.any():
+            break
+        if not live.all():
+            keep = live.nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            mask, tokens, last = mask[keep], tokens[keep], last[keep]
+            active = [active[i] for i in keep.tolist()]
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=-1)
+        last = last + 1
+        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=last[:, None], cache=cache).logits[
+            :, -1
+        ]
+    return rows
 
 
 def generate_dataset(

@@ -274,3 +274,25 @@ def test_sharegpt_records_are_prompts_and_long_prompts_can_be_skipped(tiny_targe
     bad.write_text(json.dumps({"id": "x", "conversations": [{"from": "robot", "value": "?"}]}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: unreadable turns"):
         read_prompts(bad)
+
+
+def test_greedy_rows_drop_ended_rows_and_match_generate_row_by_row(tiny_target_dir):
+    """The loop that drops each row as it ends gives every row what ``generate`` gives it alone."""
+    from transformers import GenerationConfig
+
+    from specheads.target import load_target, only_this_config
+    from specheads.training.distill import greedy_rows, left_pad
+
+    model, _ = load_target(str(tiny_target_dir))
+    prompts = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 12, 2]]
+    input_ids, mask = left_pad(prompts, 0)
+    free = greedy_rows(model, input_ids, mask, 12, eos_ids=[])
+    assert [len(row) for row in free] == [12] * 4
+    eos = [free[1][2], free[3][6]]  # rows end at different steps, so the batch shrinks more than once
+    rows = greedy_rows(model, input_ids, mask, 12, eos_ids=eos)
+    assert len({len(row) for row in rows}) > 1
+    for prompt, row in zip(prompts, rows):
+        config = GenerationConfig(max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        with only_this_config(model, config):
+            alone = model.generate(torch.tensor([prompt]), generation_config=config)[0, len(prompt) :].tolist()
+        assert row == alone[: len(row)] and (len(row) == 12 or row[-1] in eos) and len(alone) == len(row)

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specheads.decoding.tuning.cpu_attention import masked_gqa_attention
+
 MAX_ROWS = 64
 PADDED_ROWS = {3: 4}
 """Row counts computed as a larger product: MKL's kernel for 3 columns is slower than for 4 on this machine (over
@@ -153,6 +155,17 @@ class SmallBatchLinear:
                     layer.forward = partial(_linear, layer, rows_to_swap=rows_to_swap)
                 self._users[layer] = self._users.get(layer, 0) + 1
         return layers
+
+
+class CpuKernels(SmallBatchLinear):
+    """The CPU kernels ``specheads generate`` and ``bench`` decode with: the few-row products of ``SmallBatchLinear``
+    and, for masked few-token forwards, grouped-query attention that does not copy the KV cache
+    (``specheads.decoding.tuning.cpu_attention``)."""
+
+    @contextlib.contextmanager
+    def __call__(self, *models: nn.Module) -> Iterator[None]:
+        with super().__call__(*models), masked_gqa_attention(*models):
+            yield
 
 
 def small_batch_linear(
