@@ -31,6 +31,7 @@ from specheads.decoding.cli import resolve_head_argument
 from specheads.decoding.tuning.auto_tree import (
     parse_solo_length,
 )
+from specheads.decoding.tuning.cpu_attention import applies_to as gqa_applies_to
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
@@ -196,6 +197,7 @@ def run_bench(
         "transformers": __import__("transformers").__version__,
         # every method's few-row products, transformers' included (hf_method): measured once, remembered
         "cpu_kernel_rows": sorted(kernels.faster_row_counts(target)),
+        "cpu_gqa_attention": gqa_applies_to(target),  # every method's masked multi-token forwards, likewise
     }
     if settings.heads and "auto" in (settings.trees or ["auto"]):
         config["calibration"] = {"source": calibration_source, "question_ids": calibration_ids}

@@ -185,14 +185,19 @@ def _prompts_per_category(report: dict[str, Any]) -> str:
 
 
 def _kernel_note(config: dict[str, Any]) -> str:
-    rows = config.get("cpu_kernel_rows")
-    if not rows:
-        return ""
-    span = f"{rows[0]}-{rows[-1]}" if rows == list(range(rows[0], rows[-1] + 1)) else ", ".join(map(str, rows))
-    return (
-        f" Matrix products of {span} rows ran as `(W @ x.T).T` in every method, transformers' included (measured "
-        "faster than `F.linear` on this CPU: `specheads.decoding.tuning.cpu_kernels`)."
-    )
+    rows, note = config.get("cpu_kernel_rows"), ""
+    if rows:
+        span = f"{rows[0]}-{rows[-1]}" if rows == list(range(rows[0], rows[-1] + 1)) else ", ".join(map(str, rows))
+        note += (
+            f" Matrix products of {span} rows ran as `(W @ x.T).T` in every method, transformers' included (measured "
+            "faster than `F.linear` on this CPU: `specheads.decoding.tuning.cpu_kernels`)."
+        )
+    if config.get("cpu_gqa_attention"):
+        note += (
+            " Masked attention over several query tokens ran as grouped-query SDPA, without copying the KV cache per "
+            "query head, in every method (`specheads.decoding.tuning.cpu_attention`)."
+        )
+    return note
 
 
 def _overall_table(report: dict[str, Any]) -> list[str]:

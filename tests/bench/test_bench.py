@@ -375,6 +375,8 @@ def test_report_header_says_which_rows_ran_the_other_kernel():
     assert "W @ x.T" not in header([])  # stock kernels everywhere (a GPU, bf16, or a CPU where F.linear won)
     assert "Matrix products of 2-8 rows ran as `(W @ x.T).T` in every method" in header(list(range(2, 9)))
     assert "Matrix products of 2, 4 rows" in header([2, 4])
+    gqa = markdown_report(aggregate(records, methods, {"temperature": 0.0, "cpu_gqa_attention": True}))
+    assert "ran as grouped-query SDPA" in gqa.split("\n")[0] and "grouped-query" not in header([2, 4])
 
 
 def test_report_files_replace_an_earlier_runs_together(tmp_path):

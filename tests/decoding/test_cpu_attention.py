@@ -85,3 +85,12 @@ def test_speculative_decoding_with_the_cpu_kernels_matches_generate(tiny_llama):
         expected = tiny_llama.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None)
     assert out.token_ids == expected[0, len(prompt) :].tolist()
     assert tiny_llama.config._attn_implementation == "sdpa"
+
+
+def test_applies_only_to_grouped_sdpa_models_on_cpu(tiny_llama):
+    from specheads.decoding.tuning.cpu_attention import applies_to
+    from tests.tiny_models import tiny_family
+
+    assert applies_to(tiny_llama)
+    assert not applies_to(tiny_family("llama"))  # eager attention
+    assert not applies_to(tiny_family("llama", attn="sdpa", num_key_value_heads=4))  # one KV head per query head

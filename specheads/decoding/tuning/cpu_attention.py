@@ -75,6 +75,12 @@ def _sdpa_configs(model: nn.Module) -> list[Any]:
     return list(configs.values())
 
 
+def applies_to(model: nn.Module) -> bool:
+    """Whether ``masked_gqa_attention`` changes anything for ``model``: on CPU, SDPA attention, grouped KV heads."""
+    grouped = any(getattr(m, "num_key_value_groups", 1) > 1 for m in model.modules())
+    return next(model.parameters()).device.type == "cpu" and grouped and bool(_sdpa_configs(model))
+
+
 @contextlib.contextmanager
 def masked_gqa_attention(*models: nn.Module) -> Iterator[None]:
     """Within the block, the models' SDPA attention runs masked multi-query CPU calls as grouped-query SDPA.
