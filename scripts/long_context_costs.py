@@ -39,6 +39,7 @@ from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.decoding.kv_cache import commit_path, crop_to, new_cache
 from specheads.decoding.ngram_index import NgramIndex
 from specheads.decoding.prompt_lookup_drafter import lookup_match
+from specheads.decoding.tuning.cpu_attention import NAME as GQA
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.decoding.verify import select_rows, verify_tree
 from specheads.heads import EagleConfig, EagleHead, load_head
@@ -51,8 +52,23 @@ def cache_mib(cache: Any) -> float:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)) / 2**20
 
 
+@contextlib.contextmanager
+def stock_sdpa(model: Any):
+    """transformers' own SDPA attention (per-head KV copies) inside a ``CpuKernels`` block, for one timing."""
+    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
+    configs = [config for config in configs if getattr(config, "_attn_implementation", "") == GQA]
+    for config in configs:
+        config._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        for config in configs:
+            config._attn_implementation = GQA
+
+
 def step_costs(model: Any, drafter: Any, ids: torch.Tensor, steps: int) -> dict[str, float]:
-    """Prefill, then ``steps`` propose -> verify -> commit-the-root steps; medians of their parts."""
+    """Prefill, then ``steps`` propose -> verify -> commit-the-root steps; medians of their parts (and the same verify
+    with transformers' stock SDPA attention, when the grouped-query one is on)."""
     layers = drafter.layer_ids
     cache = new_cache(model)
     out = model(input_ids=ids.view(1, -1), cache=cache, use_cache=True, output_hidden_states=layers)
@@ -61,7 +77,7 @@ def step_costs(model: Any, drafter: Any, ids: torch.Tensor, steps: int) -> dict[
     state = drafter.begin(ids.view(-1), out.hidden_states, root, Sampling(), None)
     drafter.flush(state)
     prefill_s = time.perf_counter() - start
-    draft, verify, plain = [], [], []
+    draft, verify, plain, stock = [], [], [], []
     for _ in range(steps):
         start = time.perf_counter()
         tree = drafter.propose(state)
@@ -71,6 +87,12 @@ def step_costs(model: Any, drafter: Any, ids: torch.Tensor, steps: int) -> dict[
         checked = verify_tree(model, cache, tree.tokens, tree.parents, layers)
         verify.append(time.perf_counter() - start)
         crop_to(cache, prefix)
+        if model.config._attn_implementation == GQA:
+            with stock_sdpa(model):
+                start = time.perf_counter()
+                verify_tree(model, cache, tree.tokens, tree.parents, layers)
+                stock.append(time.perf_counter() - start)
+            crop_to(cache, prefix)
         start = time.perf_counter()
         verify_tree(model, cache, tree.tokens[:1], tree.parents[:1])  # a plain decoding step, for scale
         plain.append(time.perf_counter() - start)
@@ -80,6 +102,7 @@ def step_costs(model: Any, drafter: Any, ids: torch.Tensor, steps: int) -> dict[
     drafter.flush(state)
     return {
         "verify_ms": 1e3 * statistics.median(verify),
+        **({"verify_repeat_kv_ms": 1e3 * statistics.median(stock)} if stock else {}),
         "plain_step_ms": 1e3 * statistics.median(plain),
         "draft_ms": 1e3 * statistics.median(draft),
         "drafter_prefill_s": prefill_s,
@@ -154,6 +177,7 @@ def measure_questions(args, model, tokenizer, drafters, questions, kernels) -> d
 COLUMNS = [
     ("prompt tokens", "prompt_tokens", "{:.0f}"),
     ("target verify ms/step", "verify_ms", "{:.1f}"),
+    ("verify ms/step, stock SDPA", "verify_repeat_kv_ms", "{:.1f}"),
     ("plain step ms", "plain_step_ms", "{:.1f}"),
     ("drafter ms/step", "draft_ms", "{:.1f}"),
     ("drafter cache MiB", "drafter_mib", "{:.2f}"),

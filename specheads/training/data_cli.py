@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--file-order",
         action="store_true",
-        help="answer the prompts in file order (default: shortest first, so batches pad less)",
+        help="answer the prompts in file order (default: shortest first within blocks of 512, so batches pad less)",
     )
     gen.add_argument("--max-new-tokens", type=positive_int, default=512)
     gen.add_argument(

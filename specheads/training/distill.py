@@ -42,7 +42,7 @@ class GenerationSettings:
     seed: int = 0
     batch_size: int = 32  # measured fastest of 1, 8, 16, 32 on a 2-core CPU (docs/results.md)
     by_length: bool = True
-    """Answer the prompts shortest first, so a batch holds prompts of similar lengths and pads little."""
+    """Answer the prompts shortest first within blocks of the file (``answer_order``), so a batch pads little."""
     max_prompt_tokens: int | None = None
     """Skip prompts longer than this (a training length leaves no room for an answer after them)."""
 
@@ -281,6 +281,22 @@ def greedy_rows(
     return rows
 
 
+SORT_BLOCK = 512
+"""Prompts are sorted by length within consecutive blocks of this many (16 batches of 32), not across the file: the
+batches still pad little, and a run stopped early holds a sample of the whole file, not only its shortest prompts."""
+
+
+def answer_order(records: list[dict[str, Any]], lengths: dict[str, int]) -> list[dict[str, Any]]:
+    """The order prompts are answered in: the file's blocks of ``SORT_BLOCK`` in turn, each shortest first.
+
+    Computed over every prompt, done or not, so a resumed run forms the same batches (and sampling seeds) as one
+    that was never stopped: the answered prompts are a prefix of this order, in whole batches."""
+    order = []
+    for start in range(0, len(records), SORT_BLOCK):
+        order += sorted(records[start : start + SORT_BLOCK], key=lambda record: lengths[record["id"]])
+    return order
+
+
 def generate_dataset(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -299,20 +315,21 @@ def generate_dataset(
     done = finished_ids(out_path)
     generated_with = _generated_with(model, settings)
     _check_same_settings(out_path, generated_with)
-    todo = [record for record in read_prompts(prompts_path, limit) if record["id"] not in done]
-    lengths = {record["id"]: len(prompt_ids(tokenizer, record["messages"])) for record in todo}
+    records = read_prompts(prompts_path, limit)
+    lengths = {record["id"]: len(prompt_ids(tokenizer, record["messages"])) for record in records}
     if settings.max_prompt_tokens is not None:
-        kept = [record for record in todo if lengths[record["id"]] <= settings.max_prompt_tokens]
-        if len(kept) < len(todo):
+        kept = [record for record in records if lengths[record["id"]] <= settings.max_prompt_tokens]
+        if len(kept) < len(records):
             logger.info(
                 "skipped %d of %d prompts longer than max_prompt_tokens=%d",
-                len(todo) - len(kept),
-                len(todo),
+                len(records) - len(kept),
+                len(records),
                 settings.max_prompt_tokens,
             )
-        todo = kept
-    if settings.by_length:  # stable: a resumed run forms the same batches, the done ones being the shortest
-        todo.sort(key=lambda record: lengths[record["id"]])
+        records = kept
+    if settings.by_length:
+        records = answer_order(records, lengths)
+    todo = [record for record in records if record["id"] not in done]
     cut = 0
     with open(out_path, "a", encoding="utf-8") as out, tqdm(total=len(todo), desc="self-distilling") as bar:
         for start in range(0, len(todo), settings.batch_size):

@@ -296,3 +296,21 @@ def test_greedy_rows_drop_ended_rows_and_match_generate_row_by_row(tiny_target_d
         with only_this_config(model, config):
             alone = model.generate(torch.tensor([prompt]), generation_config=config)[0, len(prompt) :].tolist()
         assert row == alone[: len(row)] and (len(row) == 12 or row[-1] in eos) and len(alone) == len(row)
+
+
+def test_prompts_are_sorted_within_blocks_so_a_stopped_run_samples_the_whole_file(
+    tiny_target_dir, tmp_path, monkeypatch
+):
+    """Shortest first within each block of ``SORT_BLOCK`` prompts, blocks in file order: a run stopped after the
+    first block has answered prompts from the start of the file, not the shortest of all of it."""
+    import specheads.training.distill as distill
+    from specheads.target import load_target
+
+    monkeypatch.setattr(distill, "SORT_BLOCK", 4)
+    model, tokenizer = load_target(str(tiny_target_dir))
+    words = [9, 1, 7, 3, 12, 2, 5, 8]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "word " * n}) + "\n" for i, n in enumerate(words)))
+    out = tmp_path / "out.jsonl"
+    generate_dataset(model, tokenizer, prompts, out, GenerationSettings(2, batch_size=2))
+    assert [r["id"] for r in read_jsonl(out)] == ["p1", "p3", "p2", "p0", "p5", "p6", "p7", "p4"]
