@@ -12,6 +12,7 @@ import torch
 from specheads.decoding.eagle_draft import DrafterWindow, EagleTreeDrafter, with_drafter_window
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.tree import DynamicTreeConfig
+from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads import EagleHead, load_head
 
 pytestmark = pytest.mark.slow
@@ -59,7 +60,8 @@ LONG_QUESTIONS = Path(__file__).resolve().parents[2] / "data" / "long_context" /
 @pytest.mark.parametrize("category", ["long-1k", "long-2k", "long-7.5k"])
 def test_reference_head_is_greedy_identical_on_long_prompts_with_and_without_the_window(smollm2, category):
     """The long-context set's 'question' task at each length, through the real head: the target's own greedy tokens
-    with a drafter that reads every row and with a 4 + 256-row window."""
+    with a drafter that reads every row (stock kernels) and with a 4 + 256-row window (the CPU kernels the CLI decodes
+    with, grouped-query attention included)."""
     model, tokenizer = smollm2
     record = next(
         r
@@ -69,7 +71,8 @@ def test_reference_head_is_greedy_identical_on_long_prompts_with_and_without_the
     ids = chat_ids(tokenizer, record["turns"][0])
     expected = model.generate(ids, do_sample=False, max_new_tokens=24, attention_mask=torch.ones_like(ids))
     full = EagleTreeDrafter(load_head(REFERENCE, model), DynamicTreeConfig(3, 2, 6))
-    for drafter in (full, with_drafter_window(full, DrafterWindow(sinks=4, recent=256))):
-        result = SpeculativeGenerator(model, tokenizer, drafter).generate(ids[0], max_new_tokens=24)
+    windowed = with_drafter_window(full, DrafterWindow(sinks=4, recent=256))
+    for drafter, kernels in ((full, None), (windowed, CpuKernels())):
+        result = SpeculativeGenerator(model, tokenizer, drafter, kernels=kernels).generate(ids[0], max_new_tokens=24)
         assert result.token_ids == expected[0, ids.shape[1] :].tolist(), (category, type(drafter).__name__)
     assert ids.shape[1] > {"long-1k": 900, "long-2k": 1900, "long-7.5k": 7000}[category]
