@@ -17,21 +17,26 @@ import json
 import time
 
 import torch
-from transformers import GenerationConfig
 
-from specheads.target import load_target, only_this_config
-from specheads.training.distill import GenerationSettings, answer_batch, left_pad, prompt_ids, read_prompts, stop_ids
+from specheads.target import load_target
+from specheads.training.distill import (
+    GenerationSettings,
+    answer_batch,
+    generate_rows,
+    left_pad,
+    prompt_ids,
+    read_prompts,
+    stop_ids,
+)
 
 
-def generate_call(model, tokenizer, conversations, max_new_tokens: int) -> int:
+def generate_call(model, tokenizer, conversations, settings: GenerationSettings) -> int:
     """Answer tokens kept (EOS included) from one greedy transformers ``generate`` call over the batch."""
-    input_ids, mask = left_pad([prompt_ids(tokenizer, c) for c in conversations], tokenizer.pad_token_id or 0)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    input_ids, mask = left_pad([prompt_ids(tokenizer, c) for c in conversations], pad_id)
     eos = stop_ids(model, tokenizer)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    with only_this_config(model, config):
-        out = model.generate(input_ids=input_ids, attention_mask=mask, generation_config=config)
     kept = 0
-    for row in out[:, input_ids.shape[1] :].tolist():
+    for row in generate_rows(model, input_ids, mask, settings, eos, pad_id):
         cut = next((i for i, token in enumerate(row) if token in eos), None)
         kept += len(row) if cut is None else cut + 1
     return kept
@@ -67,7 +72,7 @@ def main() -> None:
             for first in range(0, len(chosen), size):
                 batch = [r["messages"] for r in chosen[first : first + size]]
                 if method == "generate":
-                    tokens += generate_call(model, tokenizer, batch, args.max_new_tokens)
+                    tokens += generate_call(model, tokenizer, batch, settings)
                 else:
                     answers = answer_batch(model, tokenizer, batch, settings)
                     tokens += sum(len(a.token_ids) + a.finished for a in answers)

@@ -40,6 +40,7 @@ from specheads.decoding.kv_cache import commit_path, crop_to, new_cache
 from specheads.decoding.ngram_index import NgramIndex
 from specheads.decoding.prompt_lookup_drafter import lookup_match
 from specheads.decoding.tuning.cpu_attention import NAME as GQA
+from specheads.decoding.tuning.cpu_attention import attention_configs
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.decoding.verify import select_rows, verify_tree
 from specheads.heads import EagleConfig, EagleHead, load_head
@@ -55,8 +56,7 @@ def cache_mib(cache: Any) -> float:
 @contextlib.contextmanager
 def stock_sdpa(model: Any):
     """transformers' own SDPA attention (per-head KV copies) inside a ``CpuKernels`` block, for one timing."""
-    configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}.values()
-    configs = [config for config in configs if getattr(config, "_attn_implementation", "") == GQA]
+    configs = attention_configs(model, (GQA,))
     for config in configs:
         config._attn_implementation = "sdpa"
     try:

@@ -208,9 +208,25 @@ def answer_batch(
     input_ids, attention_mask = left_pad(token_lists, pad_id)
     eos_ids = stop_ids(model, tokenizer)
     sampling = settings.temperature > 0
-    if not sampling:
+    if sampling:
+        torch.manual_seed(seed)
+        rows = generate_rows(model, input_ids, attention_mask, settings, eos_ids, pad_id)
+    else:
         rows = greedy_rows(model, input_ids, attention_mask, settings.max_new_tokens, eos_ids)
-        return [_answer(tokenizer, row, eos_ids) for row in rows]
+    return [_answer(tokenizer, row, eos_ids) for row in rows]
+
+
+def generate_rows(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    settings: GenerationSettings,
+    eos_ids: list[int],
+    pad_id: int,
+) -> list[list[int]]:
+    """The new tokens of each row of a left-padded batch from one transformers ``generate`` call (rows that end
+    early are padded after their EOS), under these settings alone."""
+    sampling = settings.temperature > 0
     config = GenerationConfig(
         max_new_tokens=settings.max_new_tokens,
         do_sample=sampling,
@@ -220,15 +236,13 @@ def answer_batch(
         eos_token_id=eos_ids,
         pad_token_id=pad_id,
     )
-    if sampling:
-        torch.manual_seed(seed)
     with only_this_config(model, config):
         output = model.generate(
             input_ids=input_ids.to(model.device),
             attention_mask=attention_mask.to(model.device),
             generation_config=config,
         )
-    return [_answer(tokenizer, row, eos_ids) for row in output[:, input_ids.shape[1] :].tolist()]
+    return output[:, input_ids.shape[1] :].tolist()
 
 
 def _answer(tokenizer: PreTrainedTokenizerBase, row: list[int], eos_ids: list[int]) -> Answer:
@@ -261,12 +275,12 @@ def greedy_rows(
     active = list(range(input_ids.shape[0]))  # the batch row of each live cache row
     last = positions[:, -1]
     stops = torch.tensor(eos_ids, device=device)
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         tokens = logits.argmax(-1)  # (live,)
         for row, token in zip(active, tokens.tolist()):
             rows[row].append(token)
-        live = ~torch.isin(tokens, stops) & torch.tensor([len(rows[r]) < max_new_tokens for r in active], device=device)
-        if not live.any():
+        live = ~torch.isin(tokens, stops)
+        if step == max_new_tokens - 1 or not live.any():  # every live row has max_new_tokens now, or none is live
             break
         if not live.all():
             keep = live.nonzero().squeeze(-1)

@@ -65,12 +65,12 @@ _users: dict[int, int] = {}  # id(config) -> open blocks
 _lock = threading.Lock()
 
 
-def _sdpa_configs(model: nn.Module) -> list[Any]:
-    """The configs the attention layers of ``model`` read their implementation from, where it is stock SDPA."""
+def attention_configs(model: nn.Module, implementations: tuple[str, ...] = ("sdpa", NAME)) -> list[Any]:
+    """The configs the layers of ``model`` read their attention implementation from, where it is one of these."""
     configs = {}
     for module in model.modules():
         config = getattr(module, "config", None)
-        if config is not None and getattr(config, "_attn_implementation", None) in ("sdpa", NAME):
+        if config is not None and getattr(config, "_attn_implementation", None) in implementations:
             configs[id(config)] = config
     return list(configs.values())
 
@@ -78,7 +78,7 @@ def _sdpa_configs(model: nn.Module) -> list[Any]:
 def applies_to(model: nn.Module) -> bool:
     """Whether ``masked_gqa_attention`` changes anything for ``model``: on CPU, SDPA attention, grouped KV heads."""
     grouped = any(getattr(m, "num_key_value_groups", 1) > 1 for m in model.modules())
-    return next(model.parameters()).device.type == "cpu" and grouped and bool(_sdpa_configs(model))
+    return next(model.parameters()).device.type == "cpu" and grouped and bool(attention_configs(model))
 
 
 @contextlib.contextmanager
@@ -86,7 +86,7 @@ def masked_gqa_attention(*models: nn.Module) -> Iterator[None]:
     """Within the block, the models' SDPA attention runs masked multi-query CPU calls as grouped-query SDPA.
 
     Blocks may overlap (threads sharing a target): the last one out restores ``sdpa``."""
-    configs = [config for model in models for config in _sdpa_configs(model)]
+    configs = [config for model in models for config in attention_configs(model)]
     with _lock:
         for config in configs:
             _users[id(config)] = _users.get(id(config), 0) + 1
