@@ -12,6 +12,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DummyLayer, DynamicLayer, DynamicSlidingWindowLayer
 
+GQA_SDPA_ATTENTION = "specheads_sdpa_gqa"
+"""The name decoding's CPU kernels register their grouped-query SDPA under for a ``with`` block (SDPA's masks, so a
+target switched to it verifies trees too)."""
 TREE_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
 """Attention implementations that pass an additive float 4D mask straight through (flash kernels take no such mask)."""
 SLIDING, FULL = "sliding_attention", "full_attention"  # transformers' ``config.layer_types`` names
@@ -36,7 +39,7 @@ def tree_obstacle(target: PreTrainedModel, probe: bool = False) -> str | None:
     chunked attention (Llama 4) needs a mask the verifier does not build; a model whose forward takes no ``cache``
     (RWKV, GPT-1) has no prefix cache to verify against."""
     attention = getattr(target.config, "_attn_implementation", None)
-    if attention not in TREE_ATTENTION_IMPLEMENTATIONS:
+    if attention not in (*TREE_ATTENTION_IMPLEMENTATIONS, GQA_SDPA_ATTENTION):
         return (
             f"the target uses attn_implementation={attention!r}, which does not apply the additive 4D tree mask "
             f"verification passes; expected one of {TREE_ATTENTION_IMPLEMENTATIONS}. Load it with "

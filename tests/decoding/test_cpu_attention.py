@@ -68,22 +68,43 @@ def test_models_on_another_attention_implementation_are_left_alone(tiny_llama):
         assert eager.config._attn_implementation == "eager" and tiny_llama.config._attn_implementation == NAME
 
 
-def test_speculative_decoding_with_the_cpu_kernels_matches_generate(tiny_llama):
-    """Greedy decoding with a 3-token chain verified under ``CpuKernels`` is the target's own ``generate``."""
+def chain_generator(model, kernels):
+    """A speculative generator drafting 3-token chains with a one-layer draft model (greedy)."""
     from specheads.decoding.draft_model_drafter import DraftModelDrafter
     from specheads.decoding.generator import SpeculativeGenerator
     from specheads.heads import DraftModel
     from tests.decoding.helpers import TinyTokenizer
 
-    draft = DraftModel.from_target(tiny_llama, 1).eval()
+    draft = DraftModel.from_target(model, 1).eval()
     drafter = DraftModelDrafter(draft, draft_length=3, min_length=3, max_length=3)
-    prompt = [1, 5, 9, 3, 7, 11, 4]
-    out = SpeculativeGenerator(tiny_llama, TinyTokenizer(), drafter, kernels=CpuKernels(rows=range(2, 65))).generate(
-        prompt, max_new_tokens=24
-    )
-    with torch.no_grad():
-        expected = tiny_llama.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, eos_token_id=None)
-    assert out.token_ids == expected[0, len(prompt) :].tolist()
+    return SpeculativeGenerator(model, TinyTokenizer(), drafter, kernels=kernels)
+
+
+PROMPT = [1, 5, 9, 3, 7, 11, 4]
+
+
+@torch.no_grad()
+def greedy_reference(model, new_tokens: int = 24) -> list[int]:
+    out = model.generate(torch.tensor([PROMPT]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None)
+    return out[0, len(PROMPT) :].tolist()
+
+
+def test_speculative_decoding_with_the_cpu_kernels_matches_generate(tiny_llama):
+    """Greedy decoding with a 3-token chain verified under ``CpuKernels`` is the target's own ``generate``."""
+    out = chain_generator(tiny_llama, CpuKernels(rows=range(2, 65))).generate(PROMPT, max_new_tokens=24)
+    assert out.token_ids == greedy_reference(tiny_llama)
+    assert tiny_llama.config._attn_implementation == "sdpa"
+
+
+def test_a_generator_built_inside_the_kernels_block_verifies_trees(tiny_llama):
+    """A script that switches the target first (``with CpuKernels()(model):``) then builds its generator is accepted:
+    the grouped-query implementation applies the tree mask as SDPA does, and the output is still ``generate``'s."""
+    expected = greedy_reference(tiny_llama)
+    kernels = CpuKernels(rows=range(2, 65))
+    with kernels(tiny_llama):
+        assert tiny_llama.config._attn_implementation == NAME
+        out = chain_generator(tiny_llama, kernels).generate(PROMPT, max_new_tokens=24)
+    assert out.token_ids == expected
     assert tiny_llama.config._attn_implementation == "sdpa"
 
 

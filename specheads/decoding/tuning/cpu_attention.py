@@ -24,7 +24,9 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-NAME = "specheads_sdpa_gqa"
+from specheads.heads.tree_layers import GQA_SDPA_ATTENTION
+
+NAME = GQA_SDPA_ATTENTION  # accepted by ``tree_obstacle``: a target may be built or probed inside the block
 
 
 def gqa_sdpa_forward(
