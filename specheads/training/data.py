@@ -27,16 +27,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-logger = logging.getLogger(__name__)
+from specheads.training.chat_format import ACCEPTED_SHAPES, FORMATS, DataError, detect_format, to_messages
 
-FORMATS = ("auto", "sharegpt", "messages", "prompt_response")
-CHAT_ROLES = ("system", "user", "assistant")
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-ACCEPTED_SHAPES = (
-    "ShareGPT {'conversations': [{'from': 'human'|'gpt'|'system', 'value': ...}]}, "
-    "OpenAI messages {'messages': [{'role': ..., 'content': ...}]}, "
-    "or prompt/response pairs {'prompt': ..., 'response': ...}"
-)
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,51 +47,6 @@ class DataConfig:
     seed: int = 0
     max_samples: int | None = None
     num_proc: int | None = None
-
-
-class DataError(ValueError):
-    """The data cannot be turned into training samples; the message says what was found and how to fix it."""
-
-
-def detect_format(record: dict[str, Any], source: str) -> str:
-    """Name the shape of one record (``sharegpt``, ``messages`` or ``prompt_response``) or fail naming its keys."""
-    if "conversations" in record:
-        return "sharegpt"
-    if "messages" in record:
-        return "messages"
-    if "prompt" in record and "response" in record:
-        return "prompt_response"
-    raise DataError(f"{source}: unknown record shape with keys {sorted(record)}; expected {ACCEPTED_SHAPES}.")
-
-
-def to_messages(record: dict[str, Any], fmt: str) -> list[dict[str, str]]:
-    """Normalise one record of a known shape to OpenAI messages ``[{role, content}]``; content given as a list of
-    parts (``[{"type": "text", "text": ...}]``) is joined."""
-    if fmt == "messages":
-        return [_message(m["role"], m["content"]) for m in record["messages"]]
-    if fmt == "prompt_response":
-        return [_message("user", record["prompt"]), _message("assistant", record["response"])]
-    if fmt == "sharegpt":
-        messages = []
-        for turn in record["conversations"]:
-            if turn["from"] not in SHAREGPT_ROLES:
-                raise DataError(f"ShareGPT turn has from={turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}.")
-            messages.append(_message(SHAREGPT_ROLES[turn["from"]], turn["value"]))
-        return messages
-    raise DataError(f"format={fmt!r} is not one of {FORMATS}.")
-
-
-def _message(role: Any, content: Any) -> dict[str, str]:
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        content = "".join(str(p.get("text", "")) for p in content)
-    if not isinstance(role, str) or not isinstance(content, str):
-        raise DataError(
-            f"a turn has role={role!r} and content of type {type(content).__name__} ({str(content)[:40]!r}); "
-            "expected a role name and text (or a list of text parts)"
-        )
-    if role not in CHAT_ROLES:
-        raise DataError(f"a turn has role={role!r}; expected one of {list(CHAT_ROLES)}")
-    return {"role": role, "content": content}
 
 
 def _checked_messages(record: dict[str, Any], fmt: str, source: str) -> list[dict[str, str]]:
@@ -149,6 +97,18 @@ def _read_json_records(path: Path) -> datasets.Dataset:
     return raw
 
 
+def _read_packed_answers(path: Path) -> datasets.Dataset | None:
+    """A packed answers file (``specheads data pack-answers``) joined with its ShareGPT prompts, or None for any
+    other file."""
+    from specheads.training.answers import is_packed_answers, join_answers  # it reads this module's shapes
+
+    if not is_packed_answers(path):
+        return None
+    records, report = join_answers(path)
+    logger.info("%s: %s", path, report.summary())
+    return datasets.Dataset.from_list(records)
+
+
 def _first_bad_line(path: Path) -> str | None:
     """Where a JSONL file stops being one JSON object per line (None for a JSON file that is one document)."""
     with path.open(encoding="utf-8", errors="replace") as handle:
@@ -175,8 +135,10 @@ def load_conversations(cfg: DataConfig) -> datasets.Dataset:
     for path in cfg.paths:
         if not Path(path).is_file():
             raise DataError(f"data file not found: {path}")
-        raw = _read_json_records(Path(path))
-        fmt = detect_format(raw[0], path) if cfg.format == "auto" else cfg.format
+        joined = _read_packed_answers(Path(path))
+        raw = joined if joined is not None else _read_json_records(Path(path))
+        fmt = "messages" if joined is not None else cfg.format
+        fmt = detect_format(raw[0], path) if fmt == "auto" else fmt
         parts.append(
             raw.map(
                 lambda record, row, fmt=fmt, path=path: _conversation(record, fmt, f"{path} (record {row + 1})"),

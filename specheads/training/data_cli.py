@@ -81,6 +81,16 @@ def _parser() -> argparse.ArgumentParser:
         "Spec-Bench questions; give none to skip the check)",
     )
     share.add_argument("--limit", type=positive_int, default=None, help="stop after N kept conversations")
+
+    pack = commands.add_parser(
+        "pack-answers", help="keep only the target's answers of a generated file (committable without the prompts)"
+    )
+    pack.add_argument("--data", required=True, help="a `specheads data generate` output (JSONL)")
+    pack.add_argument("--out", required=True, help="gzipped JSONL of answers keyed by id (name it *.jsonl.gz)")
+    join = commands.add_parser("join-answers", help="put packed answers back after their ShareGPT prompts")
+    join.add_argument("--answers", required=True, help="a `specheads data pack-answers` file")
+    join.add_argument("--out", required=True, help="output JSONL (messages format), as `data generate` writes")
+    join.add_argument("--source", default=None, help="a ShareGPT JSON file (default: the installed package's)")
     return parser
 
 
@@ -204,7 +214,44 @@ def _sharegpt(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"generate": _generate, "cache-features": _cache_features, "sharegpt": _sharegpt}
+def _pack_answers(args: argparse.Namespace) -> int:
+    from specheads.training.answers import pack_answers
+
+    if not Path(args.data).is_file():
+        raise DataError(f"data file not found: {args.data}")
+    if not args.out.endswith(".gz"):
+        raise DataError(f"--out {args.out} does not end in .gz; the answers are written gzipped (name it *.jsonl.gz)")
+    written = pack_answers(Path(args.data), Path(args.out))
+    print(f"packed {written} answers to {args.out} ({Path(args.out).stat().st_size / 2**20:.1f} MiB)")
+    return 0
+
+
+def _join_answers(args: argparse.Namespace) -> int:
+    import json
+
+    from specheads.training.answers import join_answers
+
+    if not Path(args.answers).is_file():
+        raise DataError(f"answers file not found: {args.answers}")
+    records, report = join_answers(Path(args.answers), args.source and Path(args.source))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with partial.open("w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    partial.replace(out)
+    print(report.summary())
+    print(f"wrote {len(records)} conversations to {args.out}")
+    return 0
+
+
+COMMANDS = {
+    "generate": _generate,
+    "cache-features": _cache_features,
+    "sharegpt": _sharegpt,
+    "pack-answers": _pack_answers,
+    "join-answers": _join_answers,
+}
 
 
 def data_main(argv: list[str] | None = None) -> int:

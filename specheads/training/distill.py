@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.target import only_this_config
-from specheads.training.data import DataError, to_messages
+from specheads.training.chat_format import DataError, first_question, to_messages
 
 logger = logging.getLogger(__name__)
 
@@ -75,12 +75,8 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
                 messages = to_messages(record, "messages" if "messages" in record else "sharegpt")
             except (KeyError, TypeError, DataError) as err:
                 raise ValueError(f"{path}:{line_number}: unreadable turns ({err}).") from None
-            first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-            if first_user is not None and first_user + 1 < len(messages):
-                multi_turn += any(m["role"] == "user" for m in messages[first_user + 1 :])
-                messages = messages[: first_user + 1]
-            elif first_user is None:
-                messages = []
+            multi_turn += any(m["role"] == "user" for m in messages[len(first_question(messages)) :])
+            messages = first_question(messages)
         elif "prompt" in record:
             messages = [{"role": "user", "content": record["prompt"]}]
         else:

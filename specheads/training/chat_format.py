@@ -1,0 +1,68 @@
+"""The chat shapes training data comes in (ShareGPT, OpenAI messages, prompt/response pairs), read as OpenAI messages.
+
+Shared by the data loader, the generator's prompt reader, ShareGPT's cleaning and the packed answers' join.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+FORMATS = ("auto", "sharegpt", "messages", "prompt_response")
+CHAT_ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+ACCEPTED_SHAPES = (
+    "ShareGPT {'conversations': [{'from': 'human'|'gpt'|'system', 'value': ...}]}, "
+    "OpenAI messages {'messages': [{'role': ..., 'content': ...}]}, "
+    "or prompt/response pairs {'prompt': ..., 'response': ...}"
+)
+
+
+class DataError(ValueError):
+    """The data cannot be turned into training samples; the message says what was found and how to fix it."""
+
+
+def detect_format(record: dict[str, Any], source: str) -> str:
+    """Name the shape of one record (``sharegpt``, ``messages`` or ``prompt_response``) or fail naming its keys."""
+    if "conversations" in record:
+        return "sharegpt"
+    if "messages" in record:
+        return "messages"
+    if "prompt" in record and "response" in record:
+        return "prompt_response"
+    raise DataError(f"{source}: unknown record shape with keys {sorted(record)}; expected {ACCEPTED_SHAPES}.")
+
+
+def to_messages(record: dict[str, Any], fmt: str) -> list[dict[str, str]]:
+    """Normalise one record of a known shape to OpenAI messages ``[{role, content}]``; content given as a list of
+    parts (``[{"type": "text", "text": ...}]``) is joined."""
+    if fmt == "messages":
+        return [_message(m["role"], m["content"]) for m in record["messages"]]
+    if fmt == "prompt_response":
+        return [_message("user", record["prompt"]), _message("assistant", record["response"])]
+    if fmt == "sharegpt":
+        messages = []
+        for turn in record["conversations"]:
+            if turn["from"] not in SHAREGPT_ROLES:
+                raise DataError(f"ShareGPT turn has from={turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}.")
+            messages.append(_message(SHAREGPT_ROLES[turn["from"]], turn["value"]))
+        return messages
+    raise DataError(f"format={fmt!r} is not one of {FORMATS}.")
+
+
+def _message(role: Any, content: Any) -> dict[str, str]:
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        content = "".join(str(p.get("text", "")) for p in content)
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise DataError(
+            f"a turn has role={role!r} and content of type {type(content).__name__} ({str(content)[:40]!r}); "
+            "expected a role name and text (or a list of text parts)"
+        )
+    if role not in CHAT_ROLES:
+        raise DataError(f"a turn has role={role!r}; expected one of {list(CHAT_ROLES)}")
+    return {"role": role, "content": content}
+
+
+def first_question(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The turns up to and including the first user turn (a system prompt and the question), or [] without one."""
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+    return [] if first_user is None else messages[: first_user + 1]

@@ -1,0 +1,95 @@
+"""Packed answers: the target's regenerated ShareGPT answers kept without the prompts, joined back when read."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from specheads.training.answers import is_packed_answers, join_answers, read_packed
+from specheads.training.data import DataConfig, DataError, build_datasets, load_conversations
+from specheads.training.data_cli import data_main
+from specheads.training.distill import read_jsonl
+from specheads.training.sharegpt import installed_sharegpt_file, stream_json_array
+
+
+def chat(cid: str, *turns: tuple[str, str]) -> dict:
+    return {"id": cid, "conversations": [{"from": who, "value": text} for who, text in turns]}
+
+
+SOURCE = [
+    chat("a_0", ("human", "Name a colour."), ("gpt", "Blue."), ("human", "Another?"), ("gpt", "Red.")),
+    chat("b_1", ("system", "Be brief."), ("human", "Why is the sky blue?"), ("gpt", "Scattering.")),
+    chat("c_2", ("gpt", "A leading answer."), ("human", "Count to three."), ("gpt", "1, 2, 3.")),
+]
+
+
+def generate_and_pack(tiny_target_dir, tmp_path, source: list[dict]) -> tuple[list[dict], str]:
+    """ShareGPT records cleaned (``data sharegpt``), answered by the tiny target (``data generate``), and packed."""
+    source_file, clean = tmp_path / "sharegpt.json", tmp_path / "clean.jsonl"
+    source_file.write_text(json.dumps(source))
+    assert data_main(["sharegpt", "--source", str(source_file), "--questions", "--out", str(clean)]) == 0
+    generated = tmp_path / "generated.jsonl"
+    args = ["--target", str(tiny_target_dir), "--prompts", str(clean), "--out", str(generated)]
+    assert data_main(["generate", *args, "--max-new-tokens", "6"]) == 0
+    packed = tmp_path / "answers.jsonl.gz"
+    assert data_main(["pack-answers", "--data", str(generated), "--out", str(packed)]) == 0
+    return read_jsonl(generated), str(packed)
+
+
+def test_packed_answers_hold_no_prompt_text_and_join_back_to_the_generated_file(tiny_target_dir, tmp_path, capsys):
+    generated, packed = generate_and_pack(tiny_target_dir, tmp_path, SOURCE)
+    text = gzip.open(packed, "rt").read()
+    for prompt in ("Name a colour.", "Be brief.", "Why is the sky blue?", "Count to three.", "Another?"):
+        assert prompt not in text  # only what the target wrote, and digests
+    assert is_packed_answers(tmp_path / "answers.jsonl.gz") and not is_packed_answers(tmp_path / "generated.jsonl")
+    assert [r["id"] for r in read_packed(tmp_path / "answers.jsonl.gz")] == [r["id"] for r in generated]
+    joined = tmp_path / "joined.jsonl"
+    source = str(tmp_path / "sharegpt.json")
+    assert data_main(["join-answers", "--answers", packed, "--source", source, "--out", str(joined)]) == 0
+    assert "joined 3 answers to their prompts; 0 ids not in the ShareGPT file" in capsys.readouterr().out
+    assert read_jsonl(joined) == generated  # turns, the target's ids, finished and generated_with, in order
+    first = {r["id"]: r["messages"][:-1] for r in generated}
+    assert first["a_0"] == [{"role": "user", "content": "Name a colour."}]  # only the first question was answered
+    assert first["c_2"] == [{"role": "user", "content": "Count to three."}]  # the leading answer trimmed
+
+
+def test_a_prompt_that_reads_differently_is_left_out_and_counted(tiny_target_dir, tmp_path):
+    generated, packed = generate_and_pack(tiny_target_dir, tmp_path, SOURCE)
+    edited = json.loads(json.dumps(SOURCE))
+    edited[1]["conversations"][1]["value"] = "Why is the sea blue?"
+    del edited[2]
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    records, report = join_answers(tmp_path / "answers.jsonl.gz", tmp_path / "edited.json")
+    assert [r["id"] for r in records] == ["a_0"] and (report.prompt_changed, report.id_not_found) == (1, 1)
+    (tmp_path / "other.json").write_text(json.dumps([chat("z_9", ("human", "?"), ("gpt", "!"))]))
+    with pytest.raises(DataError, match="none of its 3 answers found its prompt"):
+        join_answers(tmp_path / "answers.jsonl.gz", tmp_path / "other.json")
+
+
+def test_pack_refuses_a_file_that_is_not_generated_answers(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "p", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    assert data_main(["pack-answers", "--data", str(prompts), "--out", str(tmp_path / "a.jsonl.gz")]) == 2
+    assert "record 1 is not a generated answer" in capsys.readouterr().err
+    assert data_main(["pack-answers", "--data", str(prompts), "--out", str(tmp_path / "a.jsonl")]) == 2
+    assert "does not end in .gz" in capsys.readouterr().err
+
+
+def test_training_reads_packed_answers_joined_with_the_installed_sharegpt(tiny_target_dir, tmp_path):
+    """Answers to the installed package's first conversations, packed, are training data as they stand: the
+    loader joins them with the package's prompts (reading the file only until every id is found)."""
+    first = list(itertools.islice(stream_json_array(installed_sharegpt_file()), 3))
+    generated, _ = generate_and_pack(tiny_target_dir, tmp_path, first)
+    packed = DataConfig(paths=[str(tmp_path / "answers.jsonl.gz")], eval_size=0)
+    conversations = load_conversations(packed)
+    assert conversations["messages"] == [r["messages"] for r in generated]
+    assert conversations["answer_token_ids"] == [r["answer_token_ids"] for r in generated]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target_dir)
+    train, _ = build_datasets(packed, tokenizer)
+    for sample, record in zip(train, generated):
+        trained = [t for t, m in zip(sample["input_ids"], sample["loss_mask"]) if m]
+        assert trained[: len(record["answer_token_ids"])] == record["answer_token_ids"]
