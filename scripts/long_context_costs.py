@@ -11,6 +11,7 @@ Measured per length, as medians over steps and prompts:
   random EAGLE-3 head drafts: enough for the cost and memory columns, not for tau.
 
     python scripts/long_context_costs.py [--head runs/eagle3] [--tree chain:3] [--per-length 1] [--steps 8]
+    python scripts/long_context_costs.py --head runs/eagle3 --window-sweep 16 64 256   # tau against window size
 
 The target runs under the CPU kernels that ``specheads generate`` and ``specheads bench`` use (``CpuKernels``:
 few-row products and grouped-query attention), for ``generate`` as for the speculative steps; ``--stock-kernels``
@@ -204,6 +205,50 @@ def markdown(rows: dict[str, list[dict[str, float]]]) -> str:
     return "\n".join(lines)
 
 
+def window_sweep(
+    model: Any, tokenizer: Any, drafter: Any, prompts: dict[str, list[torch.Tensor]], windows: list[int], args
+) -> dict[str, dict[str, float]]:
+    """Median tau per length for each drafter window (``recent`` rows after ``args.sinks`` sinks; 0 = every row):
+    greedy decoding of ``args.max_new_tokens`` tokens per prompt, the same target and tree for every window."""
+    table: dict[str, dict[str, float]] = {}
+    kernels = CpuKernels()
+    for category, ids_list in prompts.items():
+        table[category] = {}
+        for recent in windows:
+            windowed = with_drafter_window(drafter, DrafterWindow(args.sinks, recent)) if recent else drafter
+            taus = []
+            for ids in ids_list:
+                generator = SpeculativeGenerator(model, tokenizer, windowed, acceptance="greedy", kernels=kernels)
+                result = generator.generate(ids.view(1, -1), max_new_tokens=args.max_new_tokens)
+                taus.append(result.stats.tau)
+            table[category][str(recent or "all")] = statistics.median(taus)
+            print(f"{category} window {recent or 'all'}: tau {statistics.median(taus):.2f} ({len(taus)} prompts)")
+    return table
+
+
+def sweep_markdown(table: dict[str, dict[str, float]]) -> str:
+    windows = list(next(iter(table.values())))
+    lines = ["| length | " + " | ".join(f"tau, window {w}" for w in windows) + " |", "|---" * (len(windows) + 1) + "|"]
+    lines += [f"| {c} | " + " | ".join(f"{row[w]:.2f}" for w in windows) + " |" for c, row in table.items()]
+    return "\n".join(lines)
+
+
+def run_window_sweep(args: argparse.Namespace) -> None:
+    """``--window-sweep``: tau per length against the drafter window's size, written to OUT/window-sweep.*."""
+    model, tokenizer = load_target(args.target)
+    drafter = build_drafter(load_head(args.head, model), args.tree)
+    questions = select_per_category(load_questions(args.questions), args.per_length)
+    prompts: dict[str, list[torch.Tensor]] = defaultdict(list)
+    for question in questions:
+        prompts[question.category].append(render_prompt(tokenizer, question.prompt, model.device).view(-1))
+    table = window_sweep(model, tokenizer, drafter, prompts, [*args.window_sweep, 0], args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = vars(args) | {"questions": str(args.questions), "out": str(args.out)}
+    (args.out / "window-sweep.json").write_text(json.dumps({"settings": settings, "tau": table}, indent=1))
+    (args.out / "window-sweep.md").write_text(sweep_markdown(table) + "\n")
+    print(sweep_markdown(table))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2-135m-instruct")
@@ -217,7 +262,21 @@ def main() -> None:
     parser.add_argument("--sinks", type=int, default=4, help="the drafter window's sink rows")
     parser.add_argument("--stock-kernels", action="store_true", help="without the CPU kernels (CpuKernels)")
     parser.add_argument("--out", type=Path, default=Path("runs/long_context_costs"))
+    parser.add_argument(
+        "--window-sweep",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="RECENT",
+        help="with --head, only measure tau per length for each of these drafter windows and every row",
+    )
     args = parser.parse_args()
+    if args.window_sweep:
+        if not args.head:
+            parser.error("--window-sweep needs --head (a fresh head's tau says nothing about the window)")
+        with torch.inference_mode():
+            run_window_sweep(args)
+        return
     with torch.inference_mode():
         rows = measure(args)
     table = markdown(rows)
