@@ -32,25 +32,32 @@ from specheads.training.metrics import teacher_forced_acceptance
 from specheads.training.run_setup import EpochLengthGroupedSampler
 
 
-def tokens_per_step(cfg, tokenizer) -> list[tuple[int, int]]:
-    """(target tokens, loss tokens) trained on by the end of each step, replaying the run's first-epoch order."""
+def tokens_per_step(cfg, tokenizer, last_step: int) -> list[tuple[int, int]]:
+    """(target tokens, loss tokens) trained on by the end of each step up to ``last_step``, replaying the run's order
+    epoch by epoch (a data point past the first epoch counts the tokens it saw again)."""
     train_ds, _ = build_datasets(cfg.data, tokenizer)
     lengths = [len(ids) for ids in train_ds["input_ids"]]
     losses = [sum(mask) for mask in train_ds["loss_mask"]]
-    tc = cfg.train
-    if tc.group_by_length:
-        sampler = EpochLengthGroupedSampler(tc.batch_size, lengths, tc.seed)
-        sampler.set_epoch(0)
-        order = list(sampler)
-    else:  # a shuffled loader's order depends on its generator's use; the counts are then per-sample averages
-        order = list(range(len(lengths)))
+    return replay_tokens(lengths, losses, cfg.train, last_step)
+
+
+def replay_tokens(lengths: list[int], losses: list[int], tc, last_step: int) -> list[tuple[int, int]]:
+    """Cumulative (tokens, loss tokens) per optimizer step of batches of ``tc.batch_size * tc.grad_accum`` samples."""
     step_size = tc.batch_size * tc.grad_accum
-    totals, seen, trained = [], 0, 0
-    for start in range(0, len(order), step_size):
-        chunk = order[start : start + step_size]
-        seen += sum(lengths[i] for i in chunk)
-        trained += sum(losses[i] for i in chunk)
-        totals.append((seen, trained))
+    totals, seen, trained, epoch = [], 0, 0, 0
+    while len(totals) < last_step:
+        if tc.group_by_length:
+            sampler = EpochLengthGroupedSampler(tc.batch_size, lengths, tc.seed)
+            sampler.set_epoch(epoch)
+            order = list(sampler)
+        else:  # a shuffled loader's order depends on its generator's use; the counts are then per-sample averages
+            order = list(range(len(lengths)))
+        for start in range(0, len(order), step_size):
+            chunk = order[start : start + step_size]
+            seen += sum(lengths[i] for i in chunk)
+            trained += sum(losses[i] for i in chunk)
+            totals.append((seen, trained))
+        epoch += 1
     return totals
 
 
@@ -96,7 +103,8 @@ def main() -> None:
     run = Path(args.run)
     cfg = load_config(run / "train_config.yaml")
     target, tokenizer = load_target(cfg.target.name)
-    steps = tokens_per_step(cfg, tokenizer)
+    checkpoints = [c for c in completed_checkpoints(run) if not args.steps or read_step(c) in args.steps]
+    steps = tokens_per_step(cfg, tokenizer, max((read_step(c) for c in checkpoints), default=1))
     eval_cfg = DataConfig(paths=[args.data], max_length=cfg.data.max_length, eval_size=0)
     merge = partial(collate, pad_token_id=tokenizer.pad_token_id or 0)
     records = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
@@ -108,17 +116,15 @@ def main() -> None:
             groups.setdefault(category[record["id"]], []).append(index)
     dataset, _ = build_datasets(eval_cfg, tokenizer)
     rows = []
-    for checkpoint in completed_checkpoints(run):
+    for checkpoint in checkpoints:
         step = read_step(checkpoint)
-        if args.steps and step not in args.steps:
-            continue
+        seen, trained = steps[step - 1]
         folder = run / "curve" / f"step-{step}"
         measured = folder / f"acceptance-{Path(args.data).stem}.json"  # a checkpoint is measured once per data file
-        if measured.is_file():
-            rows.append(json.loads(measured.read_text()))
+        if measured.is_file():  # its acceptance, with the token counts of this replay
+            rows.append(json.loads(measured.read_text()) | {"target_tokens": seen, "loss_tokens": trained})
             continue
         head = checkpoint_head(cfg, target, checkpoint, folder)
-        seen, trained = steps[min(step, len(steps)) - 1]
         row = {"step": step, "target_tokens": seen, "loss_tokens": trained}
         for name, indices in groups.items():
             loader = DataLoader(dataset.select(indices), batch_size=4, collate_fn=merge)

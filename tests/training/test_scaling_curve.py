@@ -40,3 +40,17 @@ def test_the_curve_table_and_plot_alone_and_compared(tmp_path):
     png = tmp_path / "compared" / "curve.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > (tmp_path / "alone" / "curve.png").stat().st_size  # four more lines drawn
+
+
+def test_token_counts_keep_growing_past_the_first_epoch():
+    """A checkpoint in the third epoch has seen the data two times and part of a third, in each epoch's own order."""
+    from types import SimpleNamespace
+
+    script = load_script()
+    lengths, losses = [5, 9, 2, 7, 4], [3, 6, 1, 5, 2]
+    for grouped in (False, True):
+        tc = SimpleNamespace(batch_size=2, grad_accum=1, group_by_length=grouped, seed=0)
+        totals = script.replay_tokens(lengths, losses, tc, 7)
+        assert len(totals) == 9  # 3 steps an epoch (2 + 2 + 1 samples), whole epochs until step 7 is covered
+        assert totals[2] == (27, 17) and totals[5] == (54, 34) and totals[8] == (81, 51)
+        assert totals[5][0] < totals[6][0] < totals[8][0]
