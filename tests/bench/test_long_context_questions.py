@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from specheads.bench.questions import load_questions, select_per_category
+from tests.scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ROOT / "data" / "long_context" / "questions.jsonl"
@@ -16,10 +16,7 @@ SMOLLM2_CONTEXT = 8192
 
 
 def builder():
-    spec = importlib.util.spec_from_file_location("make_long", ROOT / "scripts" / "make_long_context_questions.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_long_context_questions.py")
 
 
 def test_each_length_is_a_category_of_fitting_prompts():

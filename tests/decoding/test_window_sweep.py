@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import torch
 
@@ -12,22 +10,14 @@ from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.tree import DynamicTreeConfig
 from specheads.heads import EagleConfig, EagleHead
 from tests.decoding.helpers import TinyTokenizer
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "long_context_costs.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("long_context_costs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts_loader import load_script
 
 
 @torch.inference_mode()
 def test_a_window_holding_every_row_drafts_as_every_row_does(tiny_llama):
     """A window wider than the prompt and answer keeps every row, so its tau is the full drafter's; a narrow one is
     measured on the same prompts and written per length as a table."""
-    script = load_script()
+    script = load_script("long_context_costs.py")
     torch.manual_seed(3)
     drafter = EagleTreeDrafter(EagleHead(EagleConfig(version=3), tiny_llama).eval(), DynamicTreeConfig(3, 2, 5))
     prompts = {"long-a": [torch.randint(3, 128, (40,)), torch.randint(3, 128, (30,))], "long-b": [torch.arange(3, 50)]}

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "scaling_curve.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("scaling_curve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.scripts_loader import load_script
 
 
 def rows(scale: float) -> list[dict]:
@@ -30,7 +21,7 @@ def rows(scale: float) -> list[dict]:
 
 
 def test_the_curve_table_and_plot_alone_and_compared(tmp_path):
-    curve = load_script()
+    curve = load_script("scaling_curve.py")
     curve.write_outputs(rows(0.5), ["all", "qa"], 2, tmp_path / "alone")
     table = (tmp_path / "alone" / "curve.md").read_text()
     assert "| 50 | 160,000 | 0.250 | 0.125 | 1.25 |" in table
@@ -46,7 +37,7 @@ def test_token_counts_keep_growing_past_the_first_epoch():
     """A checkpoint in the third epoch has seen the data two times and part of a third, in each epoch's own order."""
     from types import SimpleNamespace
 
-    script = load_script()
+    script = load_script("scaling_curve.py")
     lengths, losses = [5, 9, 2, 7, 4], [3, 6, 1, 5, 2]
     for grouped in (False, True):
         tc = SimpleNamespace(batch_size=2, grad_accum=1, group_by_length=grouped, seed=0)
