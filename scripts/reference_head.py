@@ -25,6 +25,11 @@ def main() -> None:
     parser.add_argument("out", help="the reference head folder to write")
     parser.add_argument("--config", required=True, help="the training config that made the head")
     parser.add_argument("--target", default="smollm2-135m-instruct")
+    parser.add_argument(
+        "--recipe",
+        default="docs/results.md, 'Broad data: EAGLE-3 on ShareGPT, fixed text'",
+        help="where the head's data, commands and wall time are written up (goes into the card)",
+    )
     args = parser.parse_args()
 
     source = Path(args.head)
@@ -34,7 +39,7 @@ def main() -> None:
     card = {
         "training": {
             "command": f"specheads train --config {args.config}",
-            "recipe": "docs/results.md, 'Broad data: EAGLE-3 on ShareGPT, fixed text'",
+            "recipe": args.recipe,
             "weights": "bf16 copy of the fp32 training checkpoint",
         },
         "acceptance": measured,

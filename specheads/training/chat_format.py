@@ -66,3 +66,25 @@ def first_question(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     """The turns up to and including the first user turn (a system prompt and the question), or [] without one."""
     first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
     return [] if first_user is None else messages[: first_user + 1]
+
+
+def later_questions(messages: list[dict[str, str]]) -> list[str]:
+    """The user turns after the first one, in order: what a multi-turn regeneration asks after its first answer."""
+    return [m["content"] for m in messages[len(first_question(messages)) :] if m["role"] == "user"]
+
+
+def answered_conversation(messages: list[dict[str, str]], answers: list[str]) -> list[dict[str, str]]:
+    """The conversation a regeneration of ``messages`` wrote: its first question, then each answer followed by the
+    next user turn, ending in the last answer; the original assistant turns are not kept."""
+    questions = later_questions(messages)
+    if not first_question(messages) or len(answers) - 1 > len(questions):
+        raise DataError(
+            f"{len(answers)} answers need a first question and {len(answers) - 1} later user turns; the conversation "
+            f"has {len(questions)} later user turns"
+        )
+    turns = list(first_question(messages))
+    for number, answer in enumerate(answers):
+        turns.append({"role": "assistant", "content": answer})
+        if number + 1 < len(answers):
+            turns.append({"role": "user", "content": questions[number]})
+    return turns

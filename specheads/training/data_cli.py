@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument(
         "--max-prompt-tokens", type=positive_int, default=None, help="skip prompts longer than this many tokens"
     )
+    gen.add_argument(
+        "--turns",
+        type=positive_int,
+        default=1,
+        help="answer up to N user turns of multi-turn prompts, each after the target's own earlier answers",
+    )
     gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0)
@@ -98,7 +104,9 @@ def _generate(args: argparse.Namespace) -> int:
     from specheads.target import load_target
     from specheads.training.distill import GenerationSettings, generate_dataset, read_prompts
 
-    read_prompts(args.prompts, args.limit)  # a missing or malformed prompt file is an error before the target loads
+    read_prompts(
+        args.prompts, args.limit, args.turns
+    )  # a missing or malformed prompt file is an error before the target loads
     model, tokenizer = load_target(args.target, device=args.device)
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,
@@ -108,6 +116,7 @@ def _generate(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         by_length=not args.file_order,
         max_prompt_tokens=args.max_prompt_tokens,
+        turns=args.turns,
     )
     written = generate_dataset(model, tokenizer, args.prompts, args.out, settings, limit=args.limit)
     print(f"wrote {written} new conversations to {args.out}")

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.target import only_this_config
-from specheads.training.chat_format import DataError, first_question, to_messages
+from specheads.training.chat_format import DataError, first_question, later_questions, to_messages
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +45,20 @@ class GenerationSettings:
     """Answer the prompts shortest first within blocks of the file (``answer_order``), so a batch pads little."""
     max_prompt_tokens: int | None = None
     """Skip prompts longer than this (a training length leaves no room for an answer after them)."""
+    turns: int = 1
+    """Answer up to this many user turns of a multi-turn conversation, each after the target's own earlier answers
+    (a conversation stops at an answer cut at ``max_new_tokens``, or where the next prompt passes
+    ``max_prompt_tokens``)."""
 
 
-def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+def read_prompts(path: str | Path, limit: int | None = None, turns: int = 1) -> list[dict[str, Any]]:
     """The first ``limit`` records of a prompt file as ``{"id", "messages", ...}``, ready for the chat template.
 
     A record holds ``id`` and either ``prompt`` (one user turn), ``messages`` or ShareGPT's ``conversations``
     (``[{from: human|gpt|system, value}]``), of which the turns up to the first user turn are kept (a system prompt
-    and that question): the target answers it, and later turns, written by another model, would be trained on as if
-    the target had written them.
+    and that question): the target answers it. The other model's answers are never kept (heads would be trained on
+    them as the target's); with ``turns > 1`` the next ``turns - 1`` user turns are kept as ``later_questions``, for
+    the target to answer after its own answers.
     """
     records = []
     seen: dict[str, int] = {}  # id -> its line: a resume skips by id, so two prompts with one id lose one
@@ -70,12 +75,14 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
                 "expected unique ids (a resume skips the prompts whose id is already answered): rename one."
             )
         seen[str(record["id"])] = line_number
+        later: list[str] = []
         if "messages" in record or "conversations" in record:
             try:
                 messages = to_messages(record, "messages" if "messages" in record else "sharegpt")
             except (KeyError, TypeError, DataError) as err:
                 raise ValueError(f"{path}:{line_number}: unreadable turns ({err}).") from None
-            multi_turn += any(m["role"] == "user" for m in messages[len(first_question(messages)) :])
+            later = later_questions(messages)
+            multi_turn += bool(later) and turns == 1
             messages = first_question(messages)
         elif "prompt" in record:
             messages = [{"role": "user", "content": record["prompt"]}]
@@ -89,13 +96,15 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, A
         out = {"id": str(record["id"]), "messages": messages}
         if "source" in record:
             out["source"] = record["source"]
+        if turns > 1 and later:
+            out["later_questions"] = later[: turns - 1]
         records.append(out)
     if not records:
         raise ValueError(f"{path} holds no prompt records; expected JSONL lines with 'id' and 'prompt' or 'messages'.")
     if multi_turn:
         logger.warning(
-            "%d of %d prompt records hold several user turns; only the first is answered (the later turns' answers "
-            "were written by another model, and heads would be trained on them as the target's)",
+            "%d of %d prompt records hold several user turns; only the first is answered (--turns N answers up to N, "
+            "each after the target's own earlier answers)",
             multi_turn,
             len(records),
         )
@@ -325,7 +334,7 @@ def generate_dataset(
     done = finished_ids(out_path)
     generated_with = _generated_with(model, settings)
     _check_same_settings(out_path, generated_with)
-    records = read_prompts(prompts_path, limit)
+    records = read_prompts(prompts_path, limit, settings.turns)
     lengths = {record["id"]: len(prompt_ids(tokenizer, record["messages"])) for record in records}
     if settings.max_prompt_tokens is not None:
         kept = [record for record in records if lengths[record["id"]] <= settings.max_prompt_tokens]
@@ -345,12 +354,11 @@ def generate_dataset(
         for start in range(0, len(todo), settings.batch_size):
             batch = todo[start : start + settings.batch_size]
             ids = [record["id"] for record in batch]
-            answers = answer_batch(model, tokenizer, [r["messages"] for r in batch], settings, _seed(settings, ids))
+            conversations = answer_turns(model, tokenizer, batch, settings, _seed(settings, ids))
             lines = []
-            for record, answer in zip(batch, answers):
-                messages = record["messages"] + [{"role": "assistant", "content": answer.text}]
+            for record, (messages, answer) in zip(batch, conversations):
                 line = {
-                    **record,
+                    **{key: value for key, value in record.items() if key != "later_questions"},
                     "messages": messages,
                     "answer_token_ids": answer.token_ids,
                     "finished": answer.finished,
@@ -373,10 +381,47 @@ def generate_dataset(
     return len(todo)
 
 
+def answer_turns(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    records: list[dict[str, Any]],
+    settings: GenerationSettings,
+    seed: int = 0,
+) -> list[tuple[list[dict[str, str]], Answer]]:
+    """Each record's conversation as the target answered it (ending in its last answer) and that last answer.
+
+    Turn by turn over the batch: a record with ``later_questions`` asks its next one after the target's answer, as
+    long as that answer was finished and the longer prompt fits ``max_prompt_tokens``. The target reads its earlier
+    answers as text through the chat template, as training reads them."""
+    histories = [list(record["messages"]) for record in records]
+    last: list[Answer | None] = [None] * len(records)
+    pending = list(range(len(records)))
+    for turn in range(settings.turns):
+        if not pending:
+            break
+        answers = answer_batch(model, tokenizer, [histories[i] for i in pending], settings, seed + turn)
+        asking = []
+        for index, answer in zip(pending, answers):
+            histories[index].append({"role": "assistant", "content": answer.text})
+            last[index] = answer
+            questions = records[index].get("later_questions", [])
+            if not answer.finished or turn >= len(questions) or turn + 1 >= settings.turns:
+                continue
+            asked = histories[index] + [{"role": "user", "content": questions[turn]}]
+            limit = settings.max_prompt_tokens
+            if limit is None or len(prompt_ids(tokenizer, asked)) <= limit:
+                histories[index] = asked
+                asking.append(index)
+        pending = asking
+    return list(zip(histories, last))
+
+
 def _generated_with(model: PreTrainedModel, settings: GenerationSettings) -> dict[str, Any]:
     """What decides an answer: the target, the token limit and, when sampling, the sampling settings (the batch size
     too, since a batch's seed depends on its ids)."""
     record: dict[str, Any] = {"target": str(model.config.name_or_path), "max_new_tokens": settings.max_new_tokens}
+    if settings.turns > 1:
+        record["turns"] = settings.turns
     if settings.temperature > 0:
         record.update(
             temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed, batch_size=settings.batch_size

@@ -93,3 +93,37 @@ def test_training_reads_packed_answers_joined_with_the_installed_sharegpt(tiny_t
     for sample, record in zip(train, generated):
         trained = [t for t, m in zip(sample["input_ids"], sample["loss_mask"]) if m]
         assert trained[: len(record["answer_token_ids"])] == record["answer_token_ids"]
+
+
+def test_multi_turn_answers_pack_without_the_questions_and_join_back(tmp_path):
+    """A ``data generate --turns 2`` line (written here as that command writes it) keeps the target's first answer in
+    the pack; the join puts the conversation's second question back between the two answers."""
+    (tmp_path / "sharegpt.json").write_text(json.dumps(SOURCE))
+    line = {
+        "id": "a_0",
+        "messages": [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Green."},
+            {"role": "user", "content": "Another?"},
+            {"role": "assistant", "content": "Yellow."},
+        ],
+        "answer_token_ids": [11, 12],
+        "finished": True,
+        "generated_with": {"target": "t", "max_new_tokens": 8, "temperature": 0.0, "turns": 2},
+    }
+    (tmp_path / "generated.jsonl").write_text(json.dumps(line) + "\n")
+    packed = tmp_path / "answers.jsonl.gz"
+    assert data_main(["pack-answers", "--data", str(tmp_path / "generated.jsonl"), "--out", str(packed)]) == 0
+    record = read_packed(packed)[0]
+    assert record["earlier_answers"] == ["Green."] and record["answer"] == "Yellow."
+    assert "Another?" not in gzip.open(packed, "rt").read() and "Blue." not in gzip.open(packed, "rt").read()
+    records, report = join_answers(packed, tmp_path / "sharegpt.json")
+    assert records == [line] and report.joined == 1
+    changed = json.loads(json.dumps(SOURCE))
+    changed[0]["conversations"][2]["value"] = "One more?"  # the second question, which only a multi-turn join reads
+    (tmp_path / "changed.json").write_text(json.dumps(changed))
+    fewer = [chat("a_0", ("human", "Name a colour."), ("gpt", "Blue."))]  # no second question to put back
+    (tmp_path / "fewer.json").write_text(json.dumps(fewer))
+    for source in ("changed.json", "fewer.json"):
+        with pytest.raises(DataError, match="none of its 1 answers found its prompt"):
+            join_answers(packed, tmp_path / source)

@@ -10,7 +10,14 @@ import torch
 
 from specheads.training.data import tokenize_conversation
 from specheads.training.data_cli import data_main
-from specheads.training.distill import GenerationSettings, answer_batch, generate_dataset, read_jsonl, read_prompts
+from specheads.training.distill import (
+    GenerationSettings,
+    answer_batch,
+    generate_dataset,
+    prompt_ids,
+    read_jsonl,
+    read_prompts,
+)
 
 PROMPTS = [
     {"id": "a", "prompt": "Name a colour."},
@@ -30,6 +37,65 @@ def test_read_prompts_accepts_prompt_and_messages(tmp_path):
     assert [r["id"] for r in records] == ["a", "b", "c"]
     assert records[0]["messages"] == [{"role": "user", "content": "Name a colour."}]
     assert records[2]["messages"] == [{"role": "user", "content": "What is 2+3?"}]  # old answer dropped
+
+
+def sharegpt_turns(cid: str, *turns: str) -> dict:
+    """A ShareGPT record alternating human and gpt turns, starting with the human."""
+    sides = ("human", "gpt")
+    return {"id": cid, "conversations": [{"from": sides[i % 2], "value": text} for i, text in enumerate(turns)]}
+
+
+def test_read_prompts_keeps_the_later_questions_only_for_multi_turn(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    record = sharegpt_turns("q", "One?", "other model", "Two?", "other model", "Three?", "other model")
+    path.write_text(json.dumps(record) + "\n" + json.dumps({"id": "p", "prompt": "Alone?"}) + "\n")
+    one, alone = read_prompts(path)
+    assert one["messages"] == [{"role": "user", "content": "One?"}] and "later_questions" not in one
+    assert read_prompts(path, turns=2)[0]["later_questions"] == ["Two?"]
+    three, alone = read_prompts(path, turns=5)
+    assert three["later_questions"] == ["Two?", "Three?"] and "later_questions" not in alone
+    assert three["messages"] == one["messages"]  # the other model's answers are never kept
+
+
+@pytest.mark.slow
+def test_multi_turn_answers_follow_the_targets_own_earlier_answers(smollm2, tmp_path):
+    """Each turn is answered after the target's own answers to the turns before; a cut answer ends the conversation,
+    and so does a next prompt past max_prompt_tokens; every answer is trained on."""
+    model, tokenizer = smollm2
+    prompts = tmp_path / "prompts.jsonl"
+    quiz = [
+        "Answer with one word: is water wet?",
+        "Answer with one word: is fire hot?",
+        "Answer with one word: is ice cold?",
+    ]
+    records = [
+        sharegpt_turns("quiz", quiz[0], "Another model.", quiz[1], "Another model.", quiz[2], "Another model."),
+        sharegpt_turns("story", "Write two short paragraphs about a cat.", "Another model.", "Now a dog."),
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    settings = GenerationSettings(max_new_tokens=24, batch_size=2, turns=3)
+    out = tmp_path / "out.jsonl"
+    assert generate_dataset(model, tokenizer, prompts, out, settings) == 2
+    lines = {record["id"]: record for record in read_jsonl(out)}
+    turns = lines["quiz"]["messages"]
+    assert [m["role"] for m in turns] == ["user", "assistant"] * 3
+    assert [m["content"] for m in turns if m["role"] == "user"] == quiz
+    for end in (1, 3, 5):  # each answer is the target's greedy answer to the conversation before it
+        expected = answer_batch(model, tokenizer, [turns[:end]], GenerationSettings(max_new_tokens=24))[0]
+        assert turns[end]["content"] == expected.text and expected.finished
+    assert lines["quiz"]["answer_token_ids"] == expected.token_ids and lines["quiz"]["finished"] is True
+    assert lines["quiz"]["generated_with"]["turns"] == 3
+    story = lines["story"]
+    assert len(story["messages"]) == 2 and story["finished"] is False  # cut at 24 tokens: no second question
+    sample = tokenize_conversation(turns, tokenizer, 1024, lines["quiz"]["answer_token_ids"], True)
+    spans = sum(1 for a, b in zip([0, *sample["loss_mask"]], sample["loss_mask"]) if (a, b) == (0, 1))
+    assert spans == 3  # all three answers carry the loss
+    with pytest.raises(ValueError, match="turns: 3 -> None"):  # a resume with other turns would mix two kinds
+        generate_dataset(model, tokenizer, prompts, out, GenerationSettings(max_new_tokens=24, batch_size=2))
+    firsts = [prompt_ids(tokenizer, [{"role": "user", "content": r["conversations"][0]["value"]}]) for r in records]
+    short = GenerationSettings(max_new_tokens=24, batch_size=2, turns=3, max_prompt_tokens=max(map(len, firsts)) + 2)
+    generate_dataset(model, tokenizer, prompts, tmp_path / "short.jsonl", short)
+    assert [len(r["messages"]) for r in read_jsonl(tmp_path / "short.jsonl")] == [2, 2]  # turn 2's prompt is longer
 
 
 @pytest.mark.slow

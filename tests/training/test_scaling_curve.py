@@ -45,3 +45,12 @@ def test_token_counts_keep_growing_past_the_first_epoch():
         assert len(totals) == 9  # 3 steps an epoch (2 + 2 + 1 samples), whole epochs until step 7 is covered
         assert totals[2] == (27, 17) and totals[5] == (54, 34) and totals[8] == (81, 51)
         assert totals[5][0] < totals[6][0] < totals[8][0]
+
+
+def test_a_warm_started_run_counts_its_starting_heads_tokens():
+    script = load_script("scaling_curve.py")
+    shifted = script.offset_tokens(rows(0.5), 1_000_000)
+    assert [row["loss_tokens"] for row in shifted] == [1_080_000, 1_160_000]
+    assert all(row["base_loss_tokens"] == 1_000_000 for row in shifted)
+    assert [row["target_tokens"] for row in shifted] == [240_000, 480_000]  # this run's own, unshifted
+    assert script.offset_tokens(rows(0.5), 0)[0]["loss_tokens"] == 80_000
