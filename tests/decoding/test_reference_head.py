@@ -17,7 +17,7 @@ from specheads.heads import EagleHead, load_head
 
 pytestmark = pytest.mark.slow
 REFERENCE = Path(__file__).resolve().parents[2] / "reference" / "eagle3-smollm2-135m-instruct"
-TAU_FLOOR = 1.15  # committed head: 1.31 on these prompts; a head that drafts at random gets ~1.0
+TAU_FLOOR = 1.15  # committed head: 1.38 on these prompts (the first one: 1.31); a head that drafts at random gets ~1.0
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips "
