@@ -19,15 +19,15 @@ import time
 import torch
 
 from specheads.target import load_target
-from specheads.training.distill import (
+from specheads.training.answering import (
     GenerationSettings,
     answer_batch,
     generate_rows,
     left_pad,
     prompt_ids,
-    read_prompts,
     stop_ids,
 )
+from specheads.training.distill import read_prompts
 
 
 def generate_call(model, tokenizer, conversations, settings: GenerationSettings) -> int:

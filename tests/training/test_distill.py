@@ -8,16 +8,10 @@ import json
 import pytest
 import torch
 
+from specheads.training.answering import GenerationSettings, answer_batch, prompt_ids
 from specheads.training.data import tokenize_conversation
 from specheads.training.data_cli import data_main
-from specheads.training.distill import (
-    GenerationSettings,
-    answer_batch,
-    generate_dataset,
-    prompt_ids,
-    read_jsonl,
-    read_prompts,
-)
+from specheads.training.distill import generate_dataset, read_jsonl, read_prompts
 
 PROMPTS = [
     {"id": "a", "prompt": "Name a colour."},
@@ -286,7 +280,7 @@ def test_batches_hold_prompts_of_similar_lengths_and_a_rerun_answers_the_rest_sh
     tiny_target_dir, tmp_path, monkeypatch
 ):
     """Prompts are answered shortest first, so a batch pads little; ``--file-order`` keeps the file's order."""
-    import specheads.training.distill as distill
+    import specheads.training.answering as answering
     from specheads.target import load_target
 
     model, tokenizer = load_target(str(tiny_target_dir))
@@ -294,13 +288,13 @@ def test_batches_hold_prompts_of_similar_lengths_and_a_rerun_answers_the_rest_sh
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "word " * n}) + "\n" for i, n in enumerate(words)))
     batches = []
-    answer = distill.answer_batch
+    answer = answering.answer_batch
 
     def recorded(model, tokenizer, conversations, settings, seed=0):
-        batches.append([len(distill.prompt_ids(tokenizer, c)) for c in conversations])
+        batches.append([len(answering.prompt_ids(tokenizer, c)) for c in conversations])
         return answer(model, tokenizer, conversations, settings, seed)
 
-    monkeypatch.setattr(distill, "answer_batch", recorded)
+    monkeypatch.setattr(answering, "answer_batch", recorded)
     settings = GenerationSettings(max_new_tokens=2, batch_size=3)
     out = tmp_path / "out.jsonl"
     assert generate_dataset(model, tokenizer, prompts, out, settings, limit=5) == 5
@@ -347,7 +341,7 @@ def test_greedy_rows_drop_ended_rows_and_match_generate_row_by_row(tiny_target_d
     from transformers import GenerationConfig
 
     from specheads.target import load_target, only_this_config
-    from specheads.training.distill import greedy_rows, left_pad
+    from specheads.training.answering import greedy_rows, left_pad
 
     model, _ = load_target(str(tiny_target_dir))
     prompts = [[5, 9, 2], [7, 1, 4, 4, 8, 3, 6], [11], [3, 3, 9, 12, 2]]
