@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.target import only_this_config
+from specheads.training.chat_format import interleave
 
 
 @dataclass
@@ -184,24 +185,30 @@ def answer_turns(
     Turn by turn over the batch: a record with ``later_questions`` asks its next one after the target's answer, as
     long as that answer was finished and the longer prompt fits ``max_prompt_tokens``. The target reads its earlier
     answers as text through the chat template, as training reads them."""
-    histories = [list(record["messages"]) for record in records]
-    last: list[Answer | None] = [None] * len(records)
+    answers: list[list[Answer]] = [[] for _ in records]
+
+    def conversation(index: int, asking: bool) -> list[dict[str, str]]:
+        # the join rebuilds the same turns from the packed answers (chat_format.answered_conversation)
+        texts = [answer.text for answer in answers[index]]
+        questions = records[index].get("later_questions", [])[: len(texts) - (0 if asking else 1)]
+        return interleave(records[index]["messages"], questions, texts)
+
     pending = list(range(len(records)))
     for turn in range(settings.turns):
         if not pending:
             break
-        answers = answer_batch(model, tokenizer, [histories[i] for i in pending], settings, seed + turn)
+        prompts = [conversation(i, asking=True) for i in pending]
         asking = []
-        for index, answer in zip(pending, answers):
-            histories[index].append({"role": "assistant", "content": answer.text})
-            last[index] = answer
-            questions = records[index].get("later_questions", [])
-            if not answer.finished or turn >= len(questions) or turn + 1 >= settings.turns:
+        for index, answer in zip(pending, answer_batch(model, tokenizer, prompts, settings, seed + turn)):
+            answers[index].append(answer)
+            if (
+                not answer.finished
+                or turn >= len(records[index].get("later_questions", []))
+                or turn + 1 >= settings.turns
+            ):
                 continue
-            asked = histories[index] + [{"role": "user", "content": questions[turn]}]
             limit = settings.max_prompt_tokens
-            if limit is None or len(prompt_ids(tokenizer, asked)) <= limit:
-                histories[index] = asked
+            if limit is None or len(prompt_ids(tokenizer, conversation(index, asking=True))) <= limit:
                 asking.append(index)
         pending = asking
-    return list(zip(histories, last))
+    return [(conversation(i, asking=False), answers[i][-1]) for i in range(len(records))]

@@ -82,9 +82,15 @@ def answered_conversation(messages: list[dict[str, str]], answers: list[str]) ->
             f"{len(answers)} answers need a first question and {len(answers) - 1} later user turns; the conversation "
             f"has {len(questions)} later user turns"
         )
-    turns = list(first_question(messages))
+    return interleave(first_question(messages), questions[: len(answers) - 1], answers)
+
+
+def interleave(first: list[dict[str, str]], questions: list[str], answers: list[str]) -> list[dict[str, str]]:
+    """``first`` (the first question), then each answer followed by the next of ``questions`` while any are left:
+    one question per answer asks the next turn, one fewer ends in the last answer."""
+    turns = list(first)
     for number, answer in enumerate(answers):
         turns.append({"role": "assistant", "content": answer})
-        if number + 1 < len(answers):
+        if number < len(questions):
             turns.append({"role": "user", "content": questions[number]})
     return turns

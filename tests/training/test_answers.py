@@ -12,7 +12,8 @@ from transformers import AutoTokenizer
 from specheads.training.answers import is_packed_answers, join_answers, read_packed
 from specheads.training.data import DataConfig, DataError, build_datasets, load_conversations
 from specheads.training.data_cli import data_main
-from specheads.training.distill import read_jsonl
+from specheads.training.answering import GenerationSettings
+from specheads.training.distill import generate_dataset, read_jsonl
 from specheads.training.sharegpt import installed_sharegpt_file, stream_json_array
 
 
@@ -127,3 +128,29 @@ def test_multi_turn_answers_pack_without_the_questions_and_join_back(tmp_path):
     for source in ("changed.json", "fewer.json"):
         with pytest.raises(DataError, match="none of its 1 answers found its prompt"):
             join_answers(packed, tmp_path / source)
+
+
+@pytest.mark.slow
+def test_multi_turn_generation_packs_and_joins_back_to_the_generated_file(smollm2, tmp_path):
+    """``data generate --turns 2`` on the real target, packed and joined: the join rebuilds the very turns the target
+    was asked, so every digest matches and the joined file equals the generated one."""
+    quiz = ("Answer with one word: is water wet?", "Answer with one word: is fire hot?")
+    source = [
+        chat("quiz_0", ("human", quiz[0]), ("gpt", "Another model."), ("human", quiz[1]), ("gpt", "Another model.")),
+        chat("sky_1", ("system", "Be brief."), ("human", "Name one colour."), ("gpt", "Red.")),
+    ]
+    source_file, clean, generated = tmp_path / "sharegpt.json", tmp_path / "clean.jsonl", tmp_path / "generated.jsonl"
+    source_file.write_text(json.dumps(source))
+    assert data_main(["sharegpt", "--source", str(source_file), "--questions", "--out", str(clean)]) == 0
+    model, tokenizer = smollm2
+    settings = GenerationSettings(max_new_tokens=24, batch_size=2, turns=2)
+    assert generate_dataset(model, tokenizer, clean, generated, settings) == 2
+    lines = read_jsonl(generated)
+    two_turns = [line for line in lines if sum(m["role"] == "assistant" for m in line["messages"]) == 2]
+    assert [line["id"] for line in two_turns] == ["quiz_0"]  # the one with a second question
+    assert [m["content"] for m in two_turns[0]["messages"] if m["role"] == "user"] == list(quiz)
+    packed = tmp_path / "answers.jsonl.gz"
+    assert data_main(["pack-answers", "--data", str(generated), "--out", str(packed)]) == 0
+    assert {r["id"]: len(r.get("earlier_answers", [])) for r in read_packed(packed)} == {"quiz_0": 1, "sky_1": 0}
+    records, report = join_answers(packed, source_file)
+    assert records == lines and report.joined == 2
