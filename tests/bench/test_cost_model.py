@@ -36,6 +36,14 @@ def test_cost_curve_interpolates_and_extrapolates():
     assert CPU.relative()[-1] == pytest.approx(0.177 / 0.051)
 
 
+def test_a_size_timed_above_a_larger_one_is_priced_at_the_larger_ones_cost():
+    # the reference-head benchmark's curve: one token timed at 76 ms, two at 63 ms (noise only adds time)
+    noisy = CostCurve([1, 2, 3, 8], [0.076, 0.063, 0.066, 0.088])
+    assert noisy.envelope() == [0.063, 0.063, 0.066, 0.088] and noisy.at(1) == 0.063
+    assert noisy.at(5) == pytest.approx(0.066 + 0.022 * 2 / 5) and noisy.relative()[0] == 1.0
+    assert CPU.envelope() == CPU.seconds and CPU.at(4) == CPU.seconds[2]  # a rising curve is priced as measured
+
+
 def test_best_first_paths_form_valid_trees_in_decreasing_probability():
     paths = best_first_paths(ACCEPTANCE, 40)
     probs = [p for _, p in paths]

@@ -9,10 +9,10 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
+from specheads.training.answering import GenerationSettings
 from specheads.training.answers import is_packed_answers, join_answers, read_packed
 from specheads.training.data import DataConfig, DataError, build_datasets, load_conversations
 from specheads.training.data_cli import data_main
-from specheads.training.answering import GenerationSettings
 from specheads.training.distill import generate_dataset, read_jsonl
 from specheads.training.sharegpt import installed_sharegpt_file, stream_json_array
 

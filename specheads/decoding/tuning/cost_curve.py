@@ -49,8 +49,8 @@ class CostCurve:
     prefix_len: int = 0
 
     def at(self, n: int) -> float:
-        """Linear interpolation between measured sizes; linear extrapolation past the largest."""
-        sizes, secs = self.sizes, self.seconds
+        """Linear interpolation between measured sizes (their ``envelope``); linear extrapolation past the largest."""
+        sizes, secs = self.sizes, self.envelope()
         if n <= sizes[0]:
             return secs[0]
         for (n0, s0), (n1, s1) in zip(zip(sizes, secs), zip(sizes[1:], secs[1:])):
@@ -69,9 +69,19 @@ class CostCurve:
             peak = max(peak, seconds)
         return False
 
+    def envelope(self) -> list[float]:
+        """The measured seconds made non-decreasing in n: a forward over fewer tokens costs at most what one over
+        more did, so a small size timed above a larger one (noise only adds time) is priced at the larger's cost."""
+        lowest, priced = float("inf"), []
+        for seconds in reversed(self.seconds):
+            lowest = min(lowest, seconds)
+            priced.append(lowest)
+        return priced[::-1]
+
     def relative(self) -> list[float]:
-        """Cost of each measured size relative to one token (1.0 = as cheap as a decode step)."""
-        return [s / self.seconds[0] for s in self.seconds]
+        """Cost of each measured size, as the cost model prices it, relative to one token (1.0 = a decode step)."""
+        priced = self.envelope()
+        return [s / priced[0] for s in priced]
 
 
 def device_label(device: torch.device) -> str:
