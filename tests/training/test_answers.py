@@ -15,6 +15,7 @@ from specheads.training.data import DataConfig, DataError, build_datasets, load_
 from specheads.training.data_cli import data_main
 from specheads.training.distill import generate_dataset, read_jsonl
 from specheads.training.sharegpt import installed_sharegpt_file, stream_json_array
+from tests.training.train_helpers import REPO
 
 
 def chat(cid: str, *turns: tuple[str, str]) -> dict:
@@ -154,3 +155,13 @@ def test_multi_turn_generation_packs_and_joins_back_to_the_generated_file(smollm
     assert {r["id"]: len(r.get("earlier_answers", [])) for r in read_packed(packed)} == {"quiz_0": 1, "sky_1": 0}
     records, report = join_answers(packed, source_file)
     assert records == lines and report.joined == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "data" / "sharegpt-answers").glob("*.jsonl.gz")))
+def test_every_committed_answer_file_joins_whole_with_the_installed_sharegpt(name):
+    """The committed regenerated sets are only usable joined with the installed package: every answer must find
+    its prompt (a change to the ShareGPT reader or the cleaning that moved a prompt would show here)."""
+    records, report = join_answers(REPO / "data" / "sharegpt-answers" / name)
+    assert report.joined == len(read_packed(REPO / "data" / "sharegpt-answers" / name)) == len(records) > 0
+    assert (report.id_not_found, report.prompt_changed) == (0, 0)
