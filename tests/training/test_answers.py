@@ -10,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from specheads.training.answering import GenerationSettings
-from specheads.training.answers import is_packed_answers, join_answers, read_packed
+from specheads.training.answers import conversation_id, is_packed_answers, join_answers, read_packed
 from specheads.training.data import DataConfig, DataError, build_datasets, load_conversations
 from specheads.training.data_cli import data_main
 from specheads.training.distill import generate_dataset, read_jsonl
@@ -70,6 +70,16 @@ def test_a_prompt_that_reads_differently_is_left_out_and_counted(tiny_target_dir
     (tmp_path / "other.json").write_text(json.dumps([chat("z_9", ("human", "?"), ("gpt", "!"))]))
     with pytest.raises(DataError, match="none of its 3 answers found its prompt"):
         join_answers(tmp_path / "answers.jsonl.gz", tmp_path / "other.json")
+
+
+def test_a_repeated_id_joins_the_record_that_cleaning_kept(tiny_target_dir, tmp_path):
+    """ShareGPT repeats some ids; cleaning drops a record with no usable answer and keeps a later one of the same id,
+    so the join must read that later record, not the first."""
+    empty = {"id": "b_1", "conversations": [{"from": "human", "value": "An unanswered question."}]}
+    generated, packed = generate_and_pack(tiny_target_dir, tmp_path, [SOURCE[0], empty, SOURCE[1]])
+    assert sorted(r["id"] for r in generated) == ["a_0", "b_1"]  # answered shortest first
+    records, report = join_answers(tmp_path / "answers.jsonl.gz", tmp_path / "sharegpt.json")
+    assert records == generated and report.joined == 2
 
 
 def test_pack_refuses_a_file_that_is_not_generated_answers(tmp_path, capsys):
@@ -157,11 +167,25 @@ def test_multi_turn_generation_packs_and_joins_back_to_the_generated_file(smollm
     assert records == lines and report.joined == 2
 
 
+COMMITTED = sorted((REPO / "data" / "sharegpt-answers").glob("*.jsonl.gz"))
+
+
+@pytest.fixture(scope="module")
+def committed_conversations(tmp_path_factory):
+    """The installed ShareGPT file's records that the committed answers were cut from, read in one pass (the file is
+    125 MB) and written as a small ShareGPT file to join every committed set against."""
+    wanted = {conversation_id(r["id"]) for path in COMMITTED for r in read_packed(path)}
+    found = [r for r in stream_json_array(installed_sharegpt_file()) if str(r.get("id")) in wanted]
+    source = tmp_path_factory.mktemp("sharegpt") / "needed.json"
+    source.write_text(json.dumps(found))
+    return source
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "data" / "sharegpt-answers").glob("*.jsonl.gz")))
-def test_every_committed_answer_file_joins_whole_with_the_installed_sharegpt(name):
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda path: path.name)
+def test_every_committed_answer_file_joins_whole_with_the_installed_sharegpt(path, committed_conversations):
     """The committed regenerated sets are only usable joined with the installed package: every answer must find
-    its prompt (a change to the ShareGPT reader or the cleaning that moved a prompt would show here)."""
-    records, report = join_answers(REPO / "data" / "sharegpt-answers" / name)
-    assert report.joined == len(read_packed(REPO / "data" / "sharegpt-answers" / name)) == len(records) > 0
+    its prompt (a change to the ShareGPT reader, the cleaning or a task rule that moved a prompt would show here)."""
+    records, report = join_answers(path, committed_conversations)
+    assert report.joined == len(read_packed(path)) == len(records) > 0
     assert (report.id_not_found, report.prompt_changed) == (0, 0)
