@@ -27,7 +27,7 @@ from specheads.heads import HEADS, EagleHead
 from specheads.target import load_target
 from specheads.training.checkpoint import WEIGHTS_FILE, completed_checkpoints, read_step
 from specheads.training.config import load_config
-from specheads.training.data import DataConfig, build_datasets, collate
+from specheads.training.data import DataConfig, build_datasets, collate, tokenize_conversation
 from specheads.training.metrics import teacher_forced_acceptance
 from specheads.training.run_setup import EpochLengthGroupedSampler
 
@@ -64,6 +64,21 @@ def replay_tokens(lengths: list[int], losses: list[int], tc, last_step: int) -> 
 def offset_tokens(rows: list[dict], base: int) -> list[dict]:
     """Rows of a warm-started run counted from zero, shifted to count the starting head's ``base`` loss tokens too."""
     return [row | {"loss_tokens": row["loss_tokens"] + base, "base_loss_tokens": base} for row in rows]
+
+
+def measured_rows(records: list[dict], tokenizer, max_length: int) -> dict[int, int]:
+    """Record index -> dataset row of the answers the eval dataset keeps: a prompt that fills ``max_length`` leaves
+    no answer token and is dropped (as training drops it), so the rows after it shift."""
+    kept = [
+        index
+        for index, record in enumerate(records)
+        if tokenize_conversation(
+            record["messages"], tokenizer, max_length, record.get("answer_token_ids"), record.get("finished")
+        )["num_loss_tokens"]
+    ]
+    if len(kept) < len(records):
+        print(f"{len(records) - len(kept)} of {len(records)} answers start past max_length={max_length}: not measured")
+    return {index: row for row, index in enumerate(kept)}
 
 
 def checkpoint_head(cfg, target, checkpoint: Path, out: Path) -> torch.nn.Module:
@@ -119,13 +134,17 @@ def main() -> None:
     eval_cfg = DataConfig(paths=[args.data], max_length=cfg.data.max_length, eval_size=0)
     merge = partial(collate, pad_token_id=tokenizer.pad_token_id or 0)
     records = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
-    groups = {"all": list(range(len(records)))}
+    dataset, _ = build_datasets(eval_cfg, tokenizer)
+    rows_of = measured_rows(records, tokenizer, cfg.data.max_length)
+    if len(rows_of) != len(dataset):
+        raise SystemExit(f"{len(rows_of)} answers measurable but the dataset holds {len(dataset)}: a tokenizer change?")
+    groups = {"all": list(range(len(dataset)))}
     if args.categories:
         prompts = [json.loads(x) for x in Path(args.categories).read_text().splitlines() if x.strip()]
         category = {prompt["id"]: prompt["category"] for prompt in prompts}
         for index, record in enumerate(records):
-            groups.setdefault(category[record["id"]], []).append(index)
-    dataset, _ = build_datasets(eval_cfg, tokenizer)
+            if index in rows_of:
+                groups.setdefault(category[record["id"]], []).append(rows_of[index])
 
     def measure(head, row: dict) -> dict:
         for name, indices in groups.items():

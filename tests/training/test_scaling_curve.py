@@ -54,3 +54,24 @@ def test_a_warm_started_run_counts_its_starting_heads_tokens():
     assert all(row["base_loss_tokens"] == 1_000_000 for row in shifted)
     assert [row["target_tokens"] for row in shifted] == [240_000, 480_000]  # this run's own, unshifted
     assert script.offset_tokens(rows(0.5), 0)[0]["loss_tokens"] == 80_000
+
+
+def test_an_answer_past_max_length_is_left_out_and_the_categories_stay_aligned(tiny_target_dir, tmp_path):
+    """A benchmark prompt longer than max_length leaves no answer token, so the eval dataset drops it; the rows of the
+    answers after it move up, and each category must still select its own answers."""
+    from transformers import AutoTokenizer
+
+    from specheads.training.data import DataConfig, build_datasets
+
+    script = load_script("scaling_curve.py")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_target_dir)
+    records = [
+        {"id": str(i), "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "fine thanks"}]}
+        for i, q in enumerate(["hi there", "long " * 200, "how are you"])
+    ]
+    data = tmp_path / "answers.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    dataset, _ = build_datasets(DataConfig(paths=[str(data)], max_length=64, eval_size=0), tokenizer)
+    rows = script.measured_rows(records, tokenizer, 64)
+    assert rows == {0: 0, 2: 1} and len(dataset) == 2
+    assert "how are you" in tokenizer.decode(dataset[rows[2]]["input_ids"])  # the third answer's own row
