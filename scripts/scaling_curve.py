@@ -27,7 +27,7 @@ from specheads.heads import HEADS, EagleHead
 from specheads.target import load_target
 from specheads.training.checkpoint import WEIGHTS_FILE, completed_checkpoints, read_step
 from specheads.training.config import load_config
-from specheads.training.data import DataConfig, build_datasets, collate, tokenize_conversation
+from specheads.training.data import DataConfig, build_datasets, collate
 from specheads.training.metrics import teacher_forced_acceptance
 from specheads.training.run_setup import EpochLengthGroupedSampler
 
@@ -66,19 +66,13 @@ def offset_tokens(rows: list[dict], base: int) -> list[dict]:
     return [row | {"loss_tokens": row["loss_tokens"] + base, "base_loss_tokens": base} for row in rows]
 
 
-def measured_rows(records: list[dict], tokenizer, max_length: int) -> dict[int, int]:
-    """Record index -> dataset row of the answers the eval dataset keeps: a prompt that fills ``max_length`` leaves
-    no answer token and is dropped (as training drops it), so the rows after it shift."""
-    kept = [
-        index
-        for index, record in enumerate(records)
-        if tokenize_conversation(
-            record["messages"], tokenizer, max_length, record.get("answer_token_ids"), record.get("finished")
-        )["num_loss_tokens"]
-    ]
-    if len(kept) < len(records):
-        print(f"{len(records) - len(kept)} of {len(records)} answers start past max_length={max_length}: not measured")
-    return {index: row for row, index in enumerate(kept)}
+def category_rows(sources: list[int], records: list[dict], category: dict[str, str]) -> dict[str, list[int]]:
+    """Category -> the eval dataset's rows of its answers. ``sources`` is the dataset's ``source`` column: a prompt
+    that fills ``max_length`` leaves no answer token and is dropped (as training drops it), so rows shift after it."""
+    groups: dict[str, list[int]] = {}
+    for row, source in enumerate(sources):
+        groups.setdefault(category[records[source]["id"]], []).append(row)
+    return groups
 
 
 def checkpoint_head(cfg, target, checkpoint: Path, out: Path) -> torch.nn.Module:
@@ -135,16 +129,12 @@ def main() -> None:
     merge = partial(collate, pad_token_id=tokenizer.pad_token_id or 0)
     records = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]
     dataset, _ = build_datasets(eval_cfg, tokenizer)
-    rows_of = measured_rows(records, tokenizer, cfg.data.max_length)
-    if len(rows_of) != len(dataset):
-        raise SystemExit(f"{len(rows_of)} answers measurable but the dataset holds {len(dataset)}: a tokenizer change?")
+    if len(dataset) < len(records):
+        print(f"{len(records) - len(dataset)} of {len(records)} answers start past max_length: not measured")
     groups = {"all": list(range(len(dataset)))}
     if args.categories:
         prompts = [json.loads(x) for x in Path(args.categories).read_text().splitlines() if x.strip()]
-        category = {prompt["id"]: prompt["category"] for prompt in prompts}
-        for index, record in enumerate(records):
-            if index in rows_of:
-                groups.setdefault(category[record["id"]], []).append(rows_of[index])
+        groups.update(category_rows(list(dataset["source"]), records, {p["id"]: p["category"] for p in prompts}))
 
     def measure(head, row: dict) -> dict:
         for name, indices in groups.items():
@@ -218,13 +208,18 @@ def write_outputs(
                 alpha=0.6,
                 label=f"{other} depth {d}",
             )
-    ax.set_xscale("log")
+    from matplotlib.ticker import EngFormatter, NullFormatter
+
+    tokens = [r["loss_tokens"] for r in rows + (compare[1] if compare else [])]
+    if tokens and max(tokens) > 10 * max(min(tokens), 1):  # a log axis only where the points span a decade
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 1.5M, not 1.5 x 10^6
     ax.set_xlabel("training tokens (assistant tokens with a loss)")
     ax.set_ylabel("acceptance (teacher-forced, target's greedy answers)")
     ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "curve.png", dpi=120)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1))  # beside the plot, never over a line
+    fig.savefig(out / "curve.png", dpi=120, bbox_inches="tight")
     print((out / "curve.md").read_text())
 
 

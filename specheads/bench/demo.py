@@ -36,18 +36,18 @@ TRAIN_OVERRIDES = [
     "data.eval_size=16",
     "loss.ttt_steps=4",
     f"train.output_dir={HEAD_DIR}",
-    "train.max_steps=120",
+    "train.max_steps=80",
     "train.batch_size=4",
     "train.group_by_length=true",
     "train.lr=1e-3",
     "train.warmup_steps=10",
-    "train.eval_every=60",
+    "train.eval_every=40",
     "train.eval_batches=4",
     "train.save_every=0",
     "train.log_with=none",
 ]
 """A short EAGLE-3 run that fits the demo's budget on 2 CPU cores (shorter sequences, 4 training-time-test steps,
-120 steps); ``configs/eagle3/smollm2-135m.yaml`` is the full recipe."""
+80 steps); ``configs/eagle3/smollm2-135m.yaml`` is the full recipe."""
 
 GENERATE_COMMAND = (
     f"specheads generate --target {TARGET} --head {HEAD_DIR.relative_to(REPO)} --tree auto --prompt 'Write a haiku' "

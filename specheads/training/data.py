@@ -241,13 +241,20 @@ def _encode_masked(
 
 
 def tokenize_dataset(conversations: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig):
-    """Tokenize and mask every conversation; drop those left without an assistant token, log what was cut."""
+    """Tokenize and mask every conversation; drop those left without an assistant token, log what was cut.
+
+    Each sample keeps ``source``, its conversation's index in ``conversations``, so a caller can find a record's row
+    after the drops."""
     if not tokenizer.is_fast:
         raise DataError(f"{type(tokenizer).__name__} is not a fast tokenizer; the loss mask needs offset mappings.")
     tokenized = conversations.map(
-        lambda record: tokenize_conversation(
-            record["messages"], tokenizer, cfg.max_length, record["answer_token_ids"], record["finished"]
-        ),
+        lambda record, index: {
+            **tokenize_conversation(
+                record["messages"], tokenizer, cfg.max_length, record["answer_token_ids"], record["finished"]
+            ),
+            "source": index,
+        },
+        with_indices=True,
         remove_columns=conversations.column_names,
         num_proc=cfg.num_proc,
         desc="tokenizing",
@@ -287,7 +294,8 @@ def split_train_eval(dataset: datasets.Dataset, cfg: DataConfig) -> tuple[datase
 
 
 def build_datasets(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[datasets.Dataset, datasets.Dataset]:
-    """Train and eval datasets with columns ``input_ids`` and ``loss_mask`` (lists of ints), deterministic."""
+    """Train and eval datasets with columns ``input_ids`` and ``loss_mask`` (lists of ints) and ``source`` (the
+    sample's record index across ``cfg.paths``, in order), deterministic."""
     return split_train_eval(tokenize_dataset(load_conversations(cfg), tokenizer, cfg), cfg)
 
 

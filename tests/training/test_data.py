@@ -121,7 +121,9 @@ def test_build_datasets_reads_all_shapes_truncates_and_splits(smollm2_tokenizer,
     train, evaluation = build_datasets(cfg, tokenizer)
     # The long conversation's answer lies beyond max_length: it is truncated, then dropped.
     assert len(train) + len(evaluation) == 7 and len(evaluation) == 2
-    assert train.column_names == ["input_ids", "loss_mask"]
+    assert train.column_names == ["input_ids", "loss_mask", "source"]
+    # every record of the three files but the dropped one (the eighth, last), each row naming its record once
+    assert sorted([*train["source"], *evaluation["source"]]) == list(range(7))
     for sample in list(train) + list(evaluation):
         assert len(sample["input_ids"]) == len(sample["loss_mask"]) <= 64 and sum(sample["loss_mask"]) > 0
     again_train, again_eval = build_datasets(cfg, tokenizer)

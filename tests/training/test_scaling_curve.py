@@ -72,6 +72,7 @@ def test_an_answer_past_max_length_is_left_out_and_the_categories_stay_aligned(t
     data = tmp_path / "answers.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in records))
     dataset, _ = build_datasets(DataConfig(paths=[str(data)], max_length=64, eval_size=0), tokenizer)
-    rows = script.measured_rows(records, tokenizer, 64)
-    assert rows == {0: 0, 2: 1} and len(dataset) == 2
-    assert "how are you" in tokenizer.decode(dataset[rows[2]]["input_ids"])  # the third answer's own row
+    assert list(dataset["source"]) == [0, 2]
+    groups = script.category_rows(list(dataset["source"]), records, {"0": "chat", "1": "summary", "2": "qa"})
+    assert groups == {"chat": [0], "qa": [1]}
+    assert "how are you" in tokenizer.decode(dataset[groups["qa"][0]]["input_ids"])  # the third answer's own row
