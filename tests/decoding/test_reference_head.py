@@ -14,8 +14,10 @@ from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.tree import DynamicTreeConfig
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads import EagleHead, load_head
+from tests.scripts_loader import load_script
 
 pytestmark = pytest.mark.slow
+chain_replay = load_script("chain_replay.py")
 REFERENCE = Path(__file__).resolve().parents[2] / "reference" / "eagle3-smollm2-135m-instruct"
 TAU_FLOOR = 1.15  # committed head: 1.38 on these prompts (the first one: 1.31); a head that drafts at random gets ~1.0
 PROMPTS = [
@@ -52,6 +54,26 @@ def test_reference_head_is_small_bf16_and_decodes_greedy_identically_with_accept
         steps += len(result.stats.accepted_lengths)
     tau = 1 + accepted / steps
     assert tau > TAU_FLOOR, f"tau {tau:.2f}: the reference head accepts less than it did when committed"
+
+
+def test_reference_head_accepts_at_decode_exactly_what_it_guesses_teacher_forced(smollm2):
+    """The drafter reads at decode time what training gave it: the target's fused features of every committed token
+    (the accepted guess and the bonus token included) and the token after each. Replayed teacher-forced, the same
+    head must accept the same guesses, step by step; a feature or position off by one drops acceptance quietly
+    without breaking losslessness, which is why no greedy-equivalence test would notice."""
+    model, tokenizer = smollm2
+    head = load_head(REFERENCE, model)
+    generator = SpeculativeGenerator(model, tokenizer, EagleTreeDrafter(head, DynamicTreeConfig(1, 1, 1)))
+    accepted = 0
+    for prompt in PROMPTS:
+        ids = chat_ids(tokenizer, prompt)
+        result = generator.generate(ids[0], max_new_tokens=48)
+        live = result.stats.accepted_lengths
+        replayed, _ = chain_replay.replayed_chain_steps(head, model, ids, result.token_ids)
+        # the last step may be cut short by max_new_tokens, so it is left out
+        assert live[:-1] == replayed[: len(live) - 1], prompt
+        accepted += sum(live)
+    assert accepted >= 5, "the reference head should have guesses accepted on these prompts"
 
 
 LONG_QUESTIONS = Path(__file__).resolve().parents[2] / "data" / "long_context" / "questions.jsonl"
