@@ -73,7 +73,9 @@ class GenerateArgs:
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
-    acceptance: str = field(default="speculative", metadata={"help": f"one of {ACCEPTANCE_RULES}; typical is LOSSY"})
+    acceptance: str = field(
+        default="speculative", metadata={"help": "typical is LOSSY", "choices": list(ACCEPTANCE_RULES)}
+    )
     seed: int | None = None
     stop: list[str] = field(default_factory=list, metadata={"help": "stop strings"})
     raw: bool = field(default=False, metadata={"help": "feed the prompt without the chat template"})
@@ -186,11 +188,11 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         spec.tree += f"; drafter cache: {args.drafter_sinks} sink + {args.drafter_window} recent rows"
     drafter = spec.drafter
     backoff = DraftBackoff() if args.backoff else None
-    generator = SpeculativeGenerator(target, tokenizer, drafter, args.acceptance, kernels=kernels, backoff=backoff)
     prompt: Any = args.prompt
     if args.raw:
         prompt = tokenizer(args.prompt, return_tensors="pt").input_ids
-    try:
+    try:  # a target the verifier cannot check exactly, or a request it cannot take (context length): say why
+        generator = SpeculativeGenerator(target, tokenizer, drafter, args.acceptance, kernels=kernels, backoff=backoff)
         result = generator.generate(
             prompt,
             max_new_tokens=args.max_new_tokens,
@@ -201,7 +203,7 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
             seed=args.seed,
             stream=lambda piece: print(piece, end="", flush=True),
         )
-    except ValueError as error:  # a request the target cannot take (context length, sliding window): say why
+    except ValueError as error:
         _stderr(f"specheads generate: error: {error}")
         return 2
     print()

@@ -88,6 +88,16 @@ def root_only_tree(root: int, device: torch.device | str) -> DraftTree:
     return DraftTree(tokens=torch.tensor([root], device=device), parents=torch.tensor([-1], device=device))
 
 
+DRAFTER_MODULES = ("model", "head", "heads")
+"""Where a drafter holds its modules (a draft ``model``, an EAGLE ``head``, Medusa ``heads``): the generator checks
+their placement and swaps CPU kernels into them."""
+
+
+def inner_modules(inner: Any) -> tuple[Any, ...]:
+    """A wrapped drafter's ``DRAFTER_MODULES``, for a wrapper to expose as its own (None where it has none)."""
+    return tuple(getattr(inner, name, None) for name in DRAFTER_MODULES)
+
+
 class Drafter(Protocol):
     """``begin`` once per request; then per step ``propose`` (may be skipped: draft backoff verifies the root alone)
     and ``observe`` with the committed path (old root first), the target's hidden states on it, and the new root."""

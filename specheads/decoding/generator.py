@@ -28,7 +28,7 @@ from specheads.decoding.accept import (
     accept_speculative,
     accept_typical,
 )
-from specheads.decoding.draft import Drafter, DraftTree, Sampling, root_only_tree
+from specheads.decoding.draft import DRAFTER_MODULES, Drafter, DraftTree, Sampling, root_only_tree
 from specheads.decoding.kv_cache import commit_path, new_cache
 from specheads.decoding.prompts import Prompt, encode_prompt
 from specheads.decoding.sampling import (
@@ -126,7 +126,7 @@ class SpeculativeGenerator:
 
     def drafter_modules(self) -> list[tuple[str, torch.nn.Module]]:
         """The drafter's modules by attribute: a draft ``model``, an EAGLE ``head``, Medusa ``heads``."""
-        found = [(name, getattr(self.drafter, name, None)) for name in ("model", "head", "heads")]
+        found = [(name, getattr(self.drafter, name, None)) for name in DRAFTER_MODULES]
         return [(name, module) for name, module in found if isinstance(module, torch.nn.Module)]
 
     def eos_ids(self) -> set[int]:
@@ -335,12 +335,14 @@ class SpeculativeGenerator:
         stream: Callable[[str], None] | None,
     ) -> None:
         """Append new tokens one by one until a stop condition; stream the new text."""
+        # the tail a stop string can end in: n characters span at most n tokens (some more for split UTF-8 bytes)
+        window = 64 + max(map(len, stop), default=0)
         for token in tokens:
             req.output.append(token)
             req.stats.new_tokens += 1
             if token in req.eos_ids:
                 req.stats.stop_reason = "eos"
-            elif stop and any(s in self.tokenizer.decode(req.output[-64:]) for s in stop):
+            elif stop and _contains_any(self.tokenizer.decode(req.output[-window:]), stop):
                 req.stats.stop_reason = "stop_string"
             elif len(req.output) >= max_new_tokens:
                 req.stats.stop_reason = "max_new_tokens"
@@ -363,6 +365,10 @@ class SpeculativeGenerator:
 
 def _ancestors(tree: DraftTree) -> torch.Tensor:
     return tree.structure.ancestors if tree.structure is not None else ancestor_matrix(tree.parents)
+
+
+def _contains_any(text: str, strings: Sequence[str]) -> bool:
+    return any(s in text for s in strings)
 
 
 def _cut_after_stop(text: str, stop: Sequence[str]) -> str:

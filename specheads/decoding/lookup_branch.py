@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, root_only_tree
+from specheads.decoding.draft import DraftTree, HiddenStates, Sampling, inner_modules, root_only_tree
 from specheads.decoding.prompt_lookup_drafter import LookupState, PromptLookupDrafter
 
 DEFAULT_LOOKUP_TOKENS = 5
@@ -60,9 +60,7 @@ class LookupBranchDrafter:
         self.inner, self.narrow, self.solo_ngram = inner, narrow, solo_ngram
         self.lookup = PromptLookupDrafter(num_tokens, max_ngram, min_ngram)
         self.layer_ids = list(inner.layer_ids)
-        # The generator checks the placement of (and swaps CPU kernels into) a drafter's ``model`` / ``head`` /
-        # ``heads`` modules: expose the inner ones.
-        self.model, self.head, self.heads = (getattr(inner, name, None) for name in ("model", "head", "heads"))
+        self.model, self.head, self.heads = inner_modules(inner)
 
     def begin(
         self,

@@ -62,15 +62,21 @@ def _message(role: Any, content: Any) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
+def _first_user_turn(messages: list[dict[str, str]]) -> int | None:
+    return next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+
+
 def first_question(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The turns up to and including the first user turn (a system prompt and the question), or [] without one."""
-    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
-    return [] if first_user is None else messages[: first_user + 1]
+    """The turns up to and including the first user turn (a system prompt and the question), or [] without one.
+    An answer before it (ShareGPT records that open with the assistant) is another model's text and is left out."""
+    first_user = _first_user_turn(messages)
+    return [] if first_user is None else [m for m in messages[: first_user + 1] if m["role"] != "assistant"]
 
 
 def later_questions(messages: list[dict[str, str]]) -> list[str]:
     """The user turns after the first one, in order: what a multi-turn regeneration asks after its first answer."""
-    return [m["content"] for m in messages[len(first_question(messages)) :] if m["role"] == "user"]
+    first_user = _first_user_turn(messages)
+    return [] if first_user is None else [m["content"] for m in messages[first_user + 1 :] if m["role"] == "user"]
 
 
 def answered_conversation(messages: list[dict[str, str]], answers: list[str]) -> list[dict[str, str]]:

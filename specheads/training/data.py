@@ -75,6 +75,11 @@ def _conversation(record: dict[str, Any], fmt: str, source: str) -> dict[str, An
     messages = _checked_messages(record, fmt, source)
     if not messages:
         raise DataError(f"{source}: the conversation has no turns; expected at least a user turn and an answer")
+    # an answer before any question (ShareGPT records often open with one) has no prompt to be drafted from
+    opening = next((i for i, m in enumerate(messages) if m["role"] != "assistant"), len(messages))
+    messages = messages[opening:]
+    if not messages:
+        raise DataError(f"{source}: the conversation holds only answers; expected a user turn before an answer")
     answer_ids, finished = record.get("answer_token_ids"), record.get("finished")
     if (answer_ids is not None or finished is not None) and (not messages or messages[-1]["role"] != "assistant"):
         raise DataError(f"{source}: answer_token_ids/finished describe the last turn, which is not an answer")
@@ -207,6 +212,9 @@ def tokenize_conversation(
     exact = answer_token_ids is not None or finished is False
     content = messages[-1]["content"] if exact else ""
     at = text.find(content, spans[-1][0], spans[-1][1]) if exact and spans else -1
+    if at < 0 and exact and spans and content.strip() != content:  # templates that `trim` the answer
+        content = content.strip()
+        at = text.find(content, spans[-1][0], spans[-1][1]) if content else -1
     if at < 0:  # nothing to place (or a template that rewrites the answer): one encode of the whole render
         input_ids, loss_mask = _encode_masked(text, 0, spans, tokenizer)
     else:
@@ -248,12 +256,7 @@ def tokenize_dataset(conversations: datasets.Dataset, tokenizer: PreTrainedToken
     if not tokenizer.is_fast:
         raise DataError(f"{type(tokenizer).__name__} is not a fast tokenizer; the loss mask needs offset mappings.")
     tokenized = conversations.map(
-        lambda record, index: {
-            **tokenize_conversation(
-                record["messages"], tokenizer, cfg.max_length, record["answer_token_ids"], record["finished"]
-            ),
-            "source": index,
-        },
+        lambda record, index: _tokenized_row(record, index, tokenizer, cfg.max_length),
         with_indices=True,
         remove_columns=conversations.column_names,
         num_proc=cfg.num_proc,
@@ -278,6 +281,18 @@ def tokenize_dataset(conversations: datasets.Dataset, tokenizer: PreTrainedToken
             "holds assistant turns."
         )
     return kept
+
+
+def _tokenized_row(
+    record: dict[str, Any], index: int, tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> dict[str, Any]:
+    try:
+        row = tokenize_conversation(
+            record["messages"], tokenizer, max_length, record["answer_token_ids"], record["finished"]
+        )
+    except Exception as err:  # noqa: BLE001 - chat templates raise ValueError, jinja2 errors, ...
+        raise DataError(f"conversation {index + 1} of data.paths (files in order, records in order): {err}") from err
+    return {**row, "source": index}
 
 
 def split_train_eval(dataset: datasets.Dataset, cfg: DataConfig) -> tuple[datasets.Dataset, datasets.Dataset]:

@@ -8,6 +8,7 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -17,7 +18,7 @@ from transformers import PreTrainedModel
 from specheads.heads.config import TargetRecord
 from specheads.training.config import ConfigError
 from specheads.training.data import DataConfig, collate
-from specheads.training.features import TargetFeatures, resolved_paths, shard_path
+from specheads.training.features import TargetFeatures, resolved_paths, same_setting, shard_path
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +140,18 @@ class CachedFeatureDataset(Dataset):
         return sample
 
 
+def _difference(key: str, first: Any, other: Any) -> str:
+    """One recorded setting's two values; a target by the fields that differ, its weight sample as "other weights"."""
+    if key != "target" or not isinstance(first, dict) or not isinstance(other, dict):
+        return f"{key} {first!r} vs {other!r}"
+    fields = [
+        f"{k} {first.get(k)!r} vs {other.get(k)!r}" for k in first if k != "weight_probe" and first[k] != other.get(k)
+    ]
+    if first.get("weight_probe") != other.get("weight_probe"):
+        fields.append("other weights")
+    return f"target ({', '.join(fields)})"
+
+
 class ConcatFeatureCache(ConcatDataset):
     """Several caches of one target, layer set and distribution format read as one dataset, in order: data added
     later needs only its own cache (``features.extra_cache_dirs``)."""
@@ -148,9 +161,9 @@ class ConcatFeatureCache(ConcatDataset):
     def __init__(self, caches: list[CachedFeatureDataset]) -> None:
         first = caches[0]
         for cache in caches[1:]:
-            differ = [key for key in self.MUST_MATCH if cache.meta.get(key) != first.meta.get(key)]
+            differ = [key for key in self.MUST_MATCH if not same_setting(key, first.meta.get(key), cache.meta.get(key))]
             if differ:
-                found = ", ".join(f"{key} {first.meta.get(key)!r} vs {cache.meta.get(key)!r}" for key in differ)
+                found = ", ".join(_difference(key, first.meta.get(key), cache.meta.get(key)) for key in differ)
                 raise ConfigError(
                     f"feature caches {first.out_dir} and {cache.out_dir} cannot be read together ({found}); write "
                     "every cache with the same target and `specheads data cache-features` options."

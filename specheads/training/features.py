@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 1
 CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SETTINGS_ADDED_LATER = ("loss_mask_sha1",)
+"""Settings that caches written by earlier versions do not record: such a cache resumes without the check."""
 
 
 @dataclass
@@ -120,9 +122,11 @@ def shard_path(out_dir: Path, shard: int) -> Path:
     return out_dir / f"shard-{shard:05d}.safetensors"
 
 
-def _same_setting(name: str, old: Any, new: Any) -> bool:
-    """Whether a partial cache's recorded setting is the one asked for now. The target record gains fields over
-    versions (its weight probe): a field the cache predates is not a difference."""
+def same_setting(name: str, old: Any, new: Any) -> bool:
+    """Whether a cache's recorded setting is the one asked for now. The target record gains fields over versions
+    (its weight probe), and caches gain settings (the loss masks' digest): what a cache predates is not a difference."""
+    if name in SETTINGS_ADDED_LATER and old is None:
+        return True
     if name == "target" and isinstance(old, dict) and isinstance(new, dict):
         new = {key: value for key, value in new.items() if key in old}
         if old.get("weight_probe") and old.get("weight_probe") == new.get("weight_probe"):
@@ -132,11 +136,12 @@ def _same_setting(name: str, old: Any, new: Any) -> bool:
     return old == new
 
 
-def _dataset_digest(dataset: Any) -> str:
-    """A content hash of the token ids, so resuming into a cache made from other data is an error."""
+def _dataset_digest(dataset: Any, column: str = "input_ids") -> str:
+    """A content hash of one column (token ids, loss masks), so resuming into a cache made from other data is an
+    error."""
     digest = hashlib.sha1()
     for sample in dataset:
-        digest.update(json.dumps(sample["input_ids"]).encode())
+        digest.update(json.dumps(sample[column]).encode())
     return digest.hexdigest()
 
 
@@ -259,6 +264,7 @@ def _cache_settings(
         "shard_size": shard_size,
         "num_samples": len(dataset),
         "data_sha1": _dataset_digest(dataset),
+        "loss_mask_sha1": _dataset_digest(dataset, "loss_mask"),
         "target": asdict(TargetRecord.from_model(target)),
     }
 
@@ -268,7 +274,7 @@ def _check_same_settings(meta_path: Path, settings: dict[str, Any]) -> None:
     if not meta_path.exists():
         return
     previous = json.loads(meta_path.read_text())
-    changed = sorted(k for k in settings if not _same_setting(k, previous.get(k), settings[k]))
+    changed = sorted(k for k in settings if not same_setting(k, previous.get(k), settings[k]))
     if changed:
         raise ValueError(
             f"{meta_path.parent} holds a cache made with other settings or data ({', '.join(changed)} differ); "

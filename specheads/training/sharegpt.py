@@ -80,11 +80,11 @@ def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[
                     raise json.JSONDecodeError("need more", buffer, pos)
                 record, pos = decoder.raw_decode(buffer, pos)
             except json.JSONDecodeError as err:
+                if not _cut_off(err) or len(buffer) - pos > 16 * _CHUNK:
+                    raise DataError(f"{path}: malformed record at character {consumed + pos}: {err.msg}") from None
                 if eof:
                     report.dropped_incomplete += bool(buffer[pos:].strip())
                     return
-                if len(buffer) - pos > 16 * _CHUNK:
-                    raise DataError(f"{path}: malformed record at character {consumed + pos}: {err.msg}") from None
                 chunk = handle.read(_CHUNK)
                 eof = not chunk
                 consumed += pos
@@ -94,6 +94,12 @@ def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[
                 raise DataError(f"{path}: found a JSON {type(record).__name__} in the array; expected objects")
             report.records += 1
             yield record
+
+
+def _cut_off(err: json.JSONDecodeError) -> bool:
+    """Whether the decoder failed because the text ends inside the record (more input may complete it) rather than
+    on a syntax error: at the end, inside a string, or within a literal (``tru``, ``-``, a ``\\u`` escape) cut there."""
+    return err.pos >= len(err.doc) - 6 or err.msg.startswith("Unterminated string")
 
 
 def _skip(text: str, pos: int, chars: str) -> int:

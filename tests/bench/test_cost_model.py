@@ -209,6 +209,19 @@ def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
     assert drafted.token_ids == plain.token_ids
 
 
+def test_calibration_prices_each_step_s_bookkeeping(tiny_llama):
+    """The per-step overhead is what the steps' bookkeeping took. It subtracted a prompt forward's cost from it,
+    from when the prompt's forward was counted as bookkeeping, so on a slow target it read 0 on every machine."""
+    from specheads.decoding.tuning.auto_tree import auto_drafter
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    head = MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), tiny_llama).eval()
+    prompts = [torch.randint(0, 128, (12,)) for _ in range(2)]
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), SLOW_FLAT, prompts, max_new_tokens=8)
+    assert spec.calibration is not None and 0.0 < spec.calibration.overhead_s < 1.0
+
+
 def test_auto_tree_decodes_plainly_when_no_guess_pays(tiny_llama):
     """A device where verifying a second token costs 50x the first: the auto tree is the root alone, no drafter."""
     import torch

@@ -197,6 +197,26 @@ def test_a_request_the_target_cannot_take_is_a_one_line_error(tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_a_target_the_verifier_refuses_and_an_unknown_rule_are_one_line_errors(tmp_path, capsys):
+    """An ALiBi target (MPT) failed the exactness probe in the generator's constructor, outside the error handling:
+    a traceback. An unknown --acceptance went as far as the constructor too, after loading the target."""
+    from transformers import AutoTokenizer
+
+    from specheads.target import ensure_builtin_converted
+    from tests.tiny_models import tiny_family
+
+    tiny_family("mpt").save_pretrained(tmp_path / "mpt")
+    AutoTokenizer.from_pretrained(ensure_builtin_converted("smollm2-135m-instruct")).save_pretrained(tmp_path / "mpt")
+    assert generate_main(["--target", str(tmp_path / "mpt"), "--raw", "--prompt", "Hello"]) == 2
+    err = capsys.readouterr().err
+    assert "specheads generate: error: MptForCausalLM's forward over a draft tree does not match" in err
+    assert "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_info:
+        generate_main(["--target", str(tmp_path / "missing"), "--prompt", "Hi", "--acceptance", "bogus"])
+    assert exit_info.value.code == 2
+    assert "argument --acceptance: invalid choice: 'bogus'" in capsys.readouterr().err
+
+
 def test_ctrl_c_and_a_closed_pipe_end_generate_without_a_traceback():
     """A real `specheads generate` process: SIGINT mid-stream keeps the text printed so far and exits 130 with one
     line; a reader that goes away (`| head -c 10`) ends it quietly (141, as Unix tools under SIGPIPE)."""

@@ -232,6 +232,14 @@ def test_greedy_acceptance_refuses_sampling_and_typical_honours_top_k(tiny_llama
         assert result.token_ids == plain.token_ids
 
 
+def test_a_stop_string_longer_than_64_tokens_stops(tiny_llama):
+    """Stop strings were looked for in the last 64 tokens' text only: one spanning more never fired."""
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=100)
+    stop = TinyTokenizer().decode(plain.token_ids[10:80])  # 70 tokens
+    result = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=100, stop=stop)
+    assert result.stats.stop_reason == "stop_string" and result.token_ids == plain.token_ids[:80]
+
+
 def test_a_stop_string_given_alone_is_one_string(tiny_llama):
     plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12)
     stop = f" w{plain.token_ids[6]}"

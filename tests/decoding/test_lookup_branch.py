@@ -17,6 +17,7 @@ from specheads.decoding.lookup_branch import LookupBranchDrafter, first_choice_p
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
+from specheads.decoding.tuning.cost_model import RecordingDrafter
 from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from tests.decoding.helpers import TinyTokenizer
 
@@ -154,10 +155,12 @@ def test_the_branch_raises_tau_on_repetitive_text(tiny_llama) -> None:
     assert results["head+lookup"].stats.tau >= results["lookup"].stats.tau - 0.5
 
 
+@pytest.mark.parametrize("wrapper", [LookupBranchDrafter, RecordingDrafter])
 @pytest.mark.parametrize("head_type", ["medusa", "eagle"])
-def test_the_generator_checks_and_places_the_wrapped_head(tiny_llama, head_type) -> None:
-    """The generator finds a drafter's modules by attribute (placement check, CPU kernels): a lookup branch must
-    expose its inner drafter's, or a head in the wrong dtype fails deep inside a forward instead of by name."""
+def test_the_generator_checks_and_places_the_wrapped_head(tiny_llama, head_type, wrapper) -> None:
+    """The generator finds a drafter's modules by attribute (placement check, CPU kernels): a lookup branch and the
+    auto tree's calibration recorder must expose their inner drafter's, or a head in the wrong dtype fails deep
+    inside a forward instead of by name, and calibration times other kernels than decoding runs."""
     tiny_llama.generation_config.eos_token_id = None
     if head_type == "medusa":
         module = MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).eval()
@@ -165,7 +168,7 @@ def test_the_generator_checks_and_places_the_wrapped_head(tiny_llama, head_type)
     else:
         module = EagleHead(EagleConfig(version=1), tiny_llama).eval()
         inner, name = EagleTreeDrafter(module, DynamicTreeConfig(2, 2, 4)), "head"
-    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), LookupBranchDrafter(inner))
+    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), wrapper(inner))
     assert (name, module) in generator.drafter_modules()
     module.to(torch.bfloat16)  # the target is fp32
     with pytest.raises(ValueError, match=rf"the drafter's {name} is on cpu in torch.bfloat16"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -233,6 +234,34 @@ def test_special_token_text_inside_an_answer_does_not_end_its_mask(smollm2_token
         [{"role": "user", "content": "How?"}, {"role": "assistant", "content": answer}], tokenizer, 256
     )
     assert masked_text(tokenizer, sample) == [answer + END]
+
+
+def test_answers_before_the_first_question_are_left_out(smollm2_tokenizer, tmp_path):
+    """A conversation opening with an answer (common in raw ShareGPT) stopped the whole load in the chat template
+    (an empty prefix); only answers is an error naming the record."""
+    opener = {"role": "assistant", "content": "Hello, I am another model."}
+    rest = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there"}]
+    cfg = DataConfig(paths=[write_jsonl(tmp_path / "open.jsonl", [{"messages": [opener, *rest]}])], eval_size=0)
+    (sample,) = build_datasets(cfg, smollm2_tokenizer)[0]
+    assert sample["input_ids"] == tokenize_conversation(rest, smollm2_tokenizer, 256)["input_ids"]
+    cfg = DataConfig(paths=[write_jsonl(tmp_path / "only.jsonl", [{"messages": [opener]}])], eval_size=0)
+    with pytest.raises(DataError, match=r"only.jsonl \(record 1\): the conversation holds only answers"):
+        build_datasets(cfg, smollm2_tokenizer)
+
+
+def test_a_template_that_trims_the_answer_keeps_a_cut_answer_open(smollm2_tokenizer):
+    """Templates that `trim` content (Llama 3, Gemma) rendered a cut answer ending in a space without it, so the
+    answer was not found and its end-of-turn token was trained: the head learned to stop where the target had not."""
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = tokenizer.chat_template.replace("message['content']", "(message['content'] | trim)")
+    messages = [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "One, two, "}]
+    assert "two, <|im_end|>" not in tokenizer.apply_chat_template(messages, tokenize=False)  # the template trims
+    ids = tokenizer("One, two, ", add_special_tokens=False)["input_ids"]
+    sample = tokenize_conversation(messages, tokenizer, 256, answer_token_ids=ids, finished=False)
+    assert masked_text(tokenizer, sample) == ["One, two, "]
+    assert tokenizer.decode(sample["input_ids"][-2:]) == END + "\n"
+    finished = tokenize_conversation(messages, tokenizer, 256, answer_token_ids=ids, finished=True)
+    assert masked_text(tokenizer, finished) == ["One, two, " + END]
 
 
 def test_self_distilled_fields_are_read_beside_files_without_them(smollm2_tokenizer, tmp_path):

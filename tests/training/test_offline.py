@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -12,6 +13,7 @@ from specheads.target import load_target
 from specheads.training.config import ConfigError, load_config
 from specheads.training.data_cli import data_main
 from specheads.training.feature_cache import CachedFeatureDataset, open_feature_caches
+from specheads.training.features import cache_features
 from specheads.training.loop import train
 from tests.training.train_helpers import REPO, tiny_overrides
 
@@ -201,3 +203,37 @@ def test_a_cache_resumes_whatever_spelling_of_its_target_folder(
     assert data_main(["cache-features", *args, "--target", tiny_target_dir.name]) == 0
     assert data_main(["cache-features", *args, "--target", str(tiny_two_layer_target_dir)]) == 2
     assert "holds a cache made with other settings or data (layer_ids, target differ)" in capsys.readouterr().err
+
+
+def test_caches_of_one_target_under_two_spellings_read_together(
+    tiny_target_dir, tiny_two_layer_target_dir, small_chat_file, tmp_path, monkeypatch
+):
+    """Two caches of the same weights, the folder named absolutely and relatively, were refused as two targets;
+    another target's cache still is."""
+    _cache(tiny_target_dir, small_chat_file, tmp_path / "absolute", "--no-logits")
+    monkeypatch.chdir(tiny_target_dir.parent)
+    _cache(tiny_target_dir.name, small_chat_file, tmp_path / "relative", "--no-logits")
+    both = open_feature_caches([tmp_path / "absolute" / "train", tmp_path / "relative" / "train"])
+    assert len(both) == 2 * len(CachedFeatureDataset(tmp_path / "absolute" / "train"))
+    _cache(tiny_two_layer_target_dir, small_chat_file, tmp_path / "other", "--no-logits", "--layer-ids", "2")
+    differ = r"target \(name_or_path .* num_hidden_layers 4 vs 2, other weights\), layer_ids"
+    with pytest.raises(ConfigError, match=differ):
+        open_feature_caches([tmp_path / "absolute" / "train", tmp_path / "other" / "train"])
+
+
+def test_a_cache_is_not_resumed_with_other_loss_masks(tiny_target_dir, tmp_path):
+    """Only the token ids were hashed: data whose masks changed (a cut answer now marked, a masking fix) resumed
+    into shards written with the old masks. A cache from before the masks were hashed still resumes."""
+    target, _ = load_target(tiny_target_dir)
+    samples = [{"input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 1]} for _ in range(3)]
+    out = tmp_path / "cache"
+    cache_features(target, samples, [2], out, with_logits=False, shard_size=1)
+    (out / "shard-00002.safetensors").unlink()
+    changed = [*samples[:2], {"input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 1, 1, 0]}]
+    with pytest.raises(ValueError, match=r"other settings or data \(loss_mask_sha1 differ\)"):
+        cache_features(target, changed, [2], out, with_logits=False, shard_size=1)
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["loss_mask_sha1"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    cache_features(target, samples, [2], out, with_logits=False, shard_size=1)
+    assert CachedFeatureDataset(out)[2]["loss_mask"].tolist() == [0, 0, 1, 1, 1]

@@ -61,6 +61,21 @@ def test_a_cut_off_array_keeps_every_complete_record_and_counts_the_dropped_one(
         list(stream_json_array(path))
 
 
+@pytest.mark.parametrize("cut", ['"y"', "true", "-1"])
+def test_a_syntax_error_inside_the_file_is_an_error_not_a_cut_off_end(tmp_path, cut):
+    """A malformed record before the end was read as a cut-off end: the rest of the file went, counted as one."""
+    good = json.dumps(chat("c0", turn("human", "q"), turn("gpt", "a")))
+    path = tmp_path / "sharegpt.json"
+    path.write_text(f'[{good}, {{"id": "bad", "conversations": [],}}, {good}, {good}]')
+    with pytest.raises(DataError, match=r"malformed record at character \d+"):
+        list(stream_json_array(path))
+    # a record cut inside a literal, a number or a string at the end of the file is the cut-off end, as before
+    whole = f'[{good}, {{"id": "c1", "flag": {cut}, "conversations": []}}]'
+    path.write_text(whole[: whole.index(cut) + len(cut) - 1])
+    report = ReadReport()
+    assert [r["id"] for r in stream_json_array(path, report)] == ["c0"] and report.dropped_incomplete == 1
+
+
 def test_cleaning_removes_overlap_bad_turns_leading_answers_and_duplicates(questions):
     leak = "Sure. " + QUESTION.lower() + " It was built long ago."
     records = [

@@ -52,7 +52,7 @@ from specheads.decoding.tuning.cost_model import (
 )
 from specheads.target import cache_root
 
-AUTO_TREE_VERSION = 1  # bump when what a cached choice means changes
+AUTO_TREE_VERSION = 2  # bump when what a cached choice means changes
 CALIBRATION_TOKENS = 32
 BUILTIN_CALIBRATION_PROMPTS = (
     # One short request per kind of task a chat model gets (as Spec-Bench's categories), written for this purpose:
@@ -132,7 +132,7 @@ def auto_drafter(
         stats = result.stats
         sequences.append(torch.cat([prompt.view(-1).cpu(), torch.tensor(result.token_ids, dtype=torch.long)]))
         draft_s += stats.draft_s
-        overhead_s += max(stats.bookkeeping_s - curve.at(prompt.numel()), 0.0)  # the prefill is not per-step work
+        overhead_s += stats.bookkeeping_s  # the prompt's forward is verify time, not bookkeeping
         steps += len(stats.accepted_lengths)
     per_step = draft_s / max(steps, 1)
     draft_cost = DraftCost(fixed_s=per_step) if head.head_type == "medusa" else DraftCost(per_depth_s=per_step / depth)

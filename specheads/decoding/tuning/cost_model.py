@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from specheads.decoding.draft import inner_modules
 from specheads.decoding.lookup_branch import first_choice_path
 from specheads.decoding.prompt_lookup_drafter import lookup_match
 from specheads.decoding.tree import children_lists
@@ -153,6 +154,7 @@ class RecordingDrafter:
 
     def __init__(self, drafter: Any) -> None:
         self.drafter, self.layer_ids = drafter, list(drafter.layer_ids)
+        self.model, self.head, self.heads = inner_modules(drafter)  # calibration times the kernels decoding runs
         self.trials: list[list[int]] = []
         self.hits: list[list[int]] = []
         self.steps: list[list[CalibrationStep]] = []  # one list per request, in ``begin`` order
