@@ -37,7 +37,7 @@ from specheads.decoding.sampling import (
     warn_unapplied_generation_settings,
 )
 from specheads.decoding.stats import GenerationResult, GenerationStats, StepTimer
-from specheads.decoding.tree import ancestor_matrix
+from specheads.decoding.tree import ancestor_matrix, fits_context
 from specheads.decoding.verify import attention_layout, check_tree_exactness, select_rows, verify_tree
 
 ACCEPTANCE_RULES = ("greedy", "speculative", "typical")
@@ -265,7 +265,7 @@ class SpeculativeGenerator:
         ancestors = _ancestors(tree)
         # a static tree knows its depth without a device sync
         depth = tree.structure.max_depth if tree.structure is not None else int(ancestors.sum(dim=1).max()) - 1
-        if self.max_context and prefix_len + depth >= self.max_context:
+        if not fits_context(self.max_context, prefix_len, depth):
             tree = root_only_tree(req.root, device)
             return tree, _ancestors(tree), 0
         return tree, ancestors, depth
@@ -334,7 +334,8 @@ class SpeculativeGenerator:
         stop: Sequence[str],
         stream: Callable[[str], None] | None,
     ) -> None:
-        """Append new tokens one by one until a stop condition; stream the new text."""
+        """Append new tokens one by one until a stop condition; stream the new text. Stop strings are looked for in
+        the text returned (special tokens skipped)."""
         # the tail a stop string can end in: n characters span at most n tokens (some more for split UTF-8 bytes)
         window = 64 + max(map(len, stop), default=0)
         for token in tokens:
@@ -342,7 +343,7 @@ class SpeculativeGenerator:
             req.stats.new_tokens += 1
             if token in req.eos_ids:
                 req.stats.stop_reason = "eos"
-            elif stop and _contains_any(self.tokenizer.decode(req.output[-window:]), stop):
+            elif stop and _contains_any(self.tokenizer.decode(req.output[-window:], skip_special_tokens=True), stop):
                 req.stats.stop_reason = "stop_string"
             elif len(req.output) >= max_new_tokens:
                 req.stats.stop_reason = "max_new_tokens"

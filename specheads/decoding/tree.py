@@ -128,6 +128,12 @@ def node_depths(parents: torch.Tensor) -> torch.Tensor:
     return ancestor_matrix(parents).sum(dim=1) - 1
 
 
+def fits_context(max_context: int, prefix_len: int, depth: int) -> bool:
+    """Whether a tree of ``depth`` rooted at position ``prefix_len`` fits a context of ``max_context`` positions
+    (0: no limit); the generator verifies the root alone where it does not."""
+    return not max_context or prefix_len + depth < max_context
+
+
 def check_parents(parents: torch.Tensor) -> None:
     """Fail loudly on a malformed tree: the root must be node 0 and every parent must come before its child."""
     if parents.dim() != 1 or parents.numel() == 0:

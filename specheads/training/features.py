@@ -136,13 +136,14 @@ def same_setting(name: str, old: Any, new: Any) -> bool:
     return old == new
 
 
-def _dataset_digest(dataset: Any, column: str = "input_ids") -> str:
-    """A content hash of one column (token ids, loss masks), so resuming into a cache made from other data is an
-    error."""
-    digest = hashlib.sha1()
+def _dataset_digests(dataset: Any, columns: dict[str, str]) -> dict[str, str]:
+    """Content hashes of columns (token ids, loss masks), named as ``columns`` maps them, in one pass over the
+    samples, so resuming into a cache made from other data is an error."""
+    digests = {name: hashlib.sha1() for name in columns}
     for sample in dataset:
-        digest.update(json.dumps(sample[column]).encode())
-    return digest.hexdigest()
+        for name, column in columns.items():
+            digests[name].update(json.dumps(sample[column]).encode())
+    return {name: digest.hexdigest() for name, digest in digests.items()}
 
 
 def _shard_tensors(
@@ -263,8 +264,7 @@ def _cache_settings(
         "with_logits": with_logits and topk is None,
         "shard_size": shard_size,
         "num_samples": len(dataset),
-        "data_sha1": _dataset_digest(dataset),
-        "loss_mask_sha1": _dataset_digest(dataset, "loss_mask"),
+        **_dataset_digests(dataset, {"data_sha1": "input_ids", "loss_mask_sha1": "loss_mask"}),
         "target": asdict(TargetRecord.from_model(target)),
     }
 

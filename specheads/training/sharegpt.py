@@ -60,7 +60,8 @@ class ReadReport:
 
 def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[dict[str, Any]]:
     """Yield the objects of a JSON array one at a time (bounded memory); a record cut off by the end of the file is
-    dropped and counted in ``report``; one that stays undecodable over 16 MiB of text is a DataError naming its offset.
+    dropped and counted in ``report``; one that stays undecodable over 16 MiB of text with more
+    text after it is a DataError naming its offset.
     """
     report = report if report is not None else ReadReport()
     decoder = json.JSONDecoder()
@@ -80,13 +81,16 @@ def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[
                     raise json.JSONDecodeError("need more", buffer, pos)
                 record, pos = decoder.raw_decode(buffer, pos)
             except json.JSONDecodeError as err:
-                if not _cut_off(err) or len(buffer) - pos > 16 * _CHUNK:
-                    raise DataError(f"{path}: malformed record at character {consumed + pos}: {err.msg}") from None
+                malformed = DataError(f"{path}: malformed record at character {consumed + pos}: {err.msg}")
+                if not _cut_off(err):
+                    raise malformed from None
                 if eof:
                     report.dropped_incomplete += bool(buffer[pos:].strip())
                     return
                 chunk = handle.read(_CHUNK)
                 eof = not chunk
+                if chunk and len(buffer) - pos > 16 * _CHUNK:  # the size limit holds unless the file ends here
+                    raise malformed from None
                 consumed += pos
                 buffer, pos = buffer[pos:] + chunk, 0
                 continue

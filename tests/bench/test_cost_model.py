@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from specheads.decoding.draft import DraftTree
+from specheads.decoding.draft_model_drafter import DraftModelDrafter
+from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.tuning.cost_curve import CostCurve
 from specheads.decoding.tuning.cost_model import (
     CalibrationStep,
@@ -17,6 +19,8 @@ from specheads.decoding.tuning.cost_model import (
     choose_lookup_solo,
     choose_tree,
 )
+from specheads.heads import DraftModel
+from tests.decoding.helpers import TinyTokenizer
 
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 # CPU-like: 64 nodes cost several times one step; GPU-like: flat until far past 64.
@@ -519,3 +523,18 @@ def test_default_assistant_fits_a_target_with_fewer_layers_than_six(tiny_llama):
     assisted = next(m for m in methods if m.name == "hf-assisted")
     layers = tiny_llama.config.num_hidden_layers
     assert layers < 6 and f"first {layers - 1} target layers" in assisted.description
+
+
+def test_calibration_counts_no_guess_of_a_tree_the_context_could_not_hold(tiny_llama):
+    """At the end of the context the generator verifies the root alone; the recorder counted the dropped tree's
+    guesses against the target's next token as if they had been verified."""
+    prompt = torch.randint(0, 128, (497,), generator=torch.Generator().manual_seed(1))
+    whole_target = DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).eval()
+    recorder = RecordingDrafter(DraftModelDrafter(whole_target, draft_length=3, min_length=3, max_length=3))
+    generator = SpeculativeGenerator(tiny_llama, TinyTokenizer(), recorder)
+    recorder.max_context = generator.max_context
+    result = generator.generate(prompt, max_new_tokens=40)
+    # three 3-token chains fit (at 497, 501, 505) and are all accepted; the three steps after verify the root alone
+    assert result.stats.accepted_lengths == [3, 3, 3, 0, 0, 0]
+    assert recorder.trials == [[3], [3], [3]] and recorder.hits == [[3], [3], [3]]
+    assert [step.ranks for step in recorder.steps[0]] == [[0, 0, 0]] * 3 + [[]] * 3

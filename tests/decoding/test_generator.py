@@ -240,6 +240,26 @@ def test_a_stop_string_longer_than_64_tokens_stops(tiny_llama):
     assert result.stats.stop_reason == "stop_string" and result.token_ids == plain.token_ids[:80]
 
 
+def test_a_stop_string_is_looked_for_in_the_text_returned_without_special_tokens(tiny_llama):
+    """The check read the tail with special tokens, the returned text without: a stop string that the returned text
+    holds across a special token never fired."""
+    plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12).token_ids
+    special = plain[3]
+
+    class SpecialTokenizer(TinyTokenizer):
+        def decode(self, ids, skip_special_tokens: bool = False) -> str:
+            return super().decode([i for i in ids if not (skip_special_tokens and int(i) == special)])
+
+    tokenizer = SpecialTokenizer()
+    seen = tokenizer.decode(plain, skip_special_tokens=True)
+    assert special not in (plain[2], plain[4])  # so the stop string spans the special token
+    stop = f" w{plain[2]} w{plain[4]}"
+    result = SpeculativeGenerator(tiny_llama, tokenizer).generate(PROMPT, max_new_tokens=12, stop=stop)
+    first = seen.index(stop) + len(stop)
+    assert result.stats.stop_reason == "stop_string" and result.text == seen[:first]
+    assert result.token_ids == plain[: len(result.token_ids)] and len(result.token_ids) <= 5
+
+
 def test_a_stop_string_given_alone_is_one_string(tiny_llama):
     plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12)
     stop = f" w{plain.token_ids[6]}"

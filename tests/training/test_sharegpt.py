@@ -76,6 +76,20 @@ def test_a_syntax_error_inside_the_file_is_an_error_not_a_cut_off_end(tmp_path, 
     assert [r["id"] for r in stream_json_array(path, report)] == ["c0"] and report.dropped_incomplete == 1
 
 
+def test_a_cut_off_final_record_just_over_the_size_limit_is_dropped_not_an_error(tmp_path, monkeypatch):
+    """The size limit was checked before the end of the file: a cut-off tail read whole at 16-17 chunks raised."""
+    monkeypatch.setattr("specheads.training.sharegpt._CHUNK", 64)
+    good = json.dumps(chat("c0", turn("human", "q"), turn("gpt", "a")))
+    long = json.dumps(chat("c1", turn("human", "x" * 5000), turn("gpt", "a")))
+    path = tmp_path / "sharegpt.json"
+    path.write_text(f"[{good}, {long[: 16 * 64 + 30]}")  # the cut-off record: 16.5 chunks, then the end
+    report = ReadReport()
+    assert [r["id"] for r in stream_json_array(path, report)] == ["c0"] and report.dropped_incomplete == 1
+    path.write_text(f"[{good}, {long}, {good}]")  # over the limit with more text after it: an error, as before
+    with pytest.raises(DataError, match=r"malformed record at character \d+"):
+        list(stream_json_array(path))
+
+
 def test_cleaning_removes_overlap_bad_turns_leading_answers_and_duplicates(questions):
     leak = "Sure. " + QUESTION.lower() + " It was built long ago."
     records = [

@@ -124,6 +124,7 @@ def auto_drafter(
     wide, depth = calibration_drafter(head)
     recorder = RecordingDrafter(wide)
     generator = SpeculativeGenerator(target, tokenizer, drafter=recorder, acceptance="greedy", kernels=kernels)
+    recorder.max_context = generator.max_context
     draft_s = overhead_s = 0.0
     steps = 0
     sequences = []

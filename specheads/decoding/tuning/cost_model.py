@@ -26,7 +26,7 @@ import torch
 from specheads.decoding.draft import inner_modules
 from specheads.decoding.lookup_branch import first_choice_path
 from specheads.decoding.prompt_lookup_drafter import lookup_match
-from specheads.decoding.tree import children_lists
+from specheads.decoding.tree import children_lists, fits_context, node_depths
 
 Path_ = tuple[int, ...]  # ranks from the root's children down: (r1, r2, ...) as in Medusa "choices"
 
@@ -152,8 +152,9 @@ class RecordingDrafter:
     step is also kept per request (``steps``) with its position, so a lookup branch can be priced afterwards.
     """
 
-    def __init__(self, drafter: Any) -> None:
+    def __init__(self, drafter: Any, max_context: int = 0) -> None:
         self.drafter, self.layer_ids = drafter, list(drafter.layer_ids)
+        self.max_context = max_context  # the generator's: a tree past it is not verified, so it is not counted
         self.model, self.head, self.heads = inner_modules(drafter)  # calibration times the kernels decoding runs
         self.trials: list[list[int]] = []
         self.hits: list[list[int]] = []
@@ -171,6 +172,8 @@ class RecordingDrafter:
         tree = self.drafter.propose(state)
         self._tree = (tree.tokens.tolist(), tree.parents.tolist())
         self._first_path = first_choice_path(tree).tokens[1:].tolist()
+        if not fits_context(self.max_context, self._length - 1, int(node_depths(tree.parents).max())):
+            self._tree, self._first_path = (self._tree[0][:1], [-1]), []  # the generator verifies the root alone
         return tree
 
     def observe(self, state: Any, fed_tokens: torch.Tensor, hidden_states: Any, root: int) -> None:
