@@ -125,6 +125,10 @@ def load_target(
         device_map={"": torch.device(device)},
     )
     if name in BUILTIN_TARGETS:
+        if Path(name).exists():  # the name wins; a report would not say which of the two ran
+            logger.warning(
+                "%s is a built-in target name: loading the built-in; pass ./%s for the local folder", name, name
+            )
         model_dir = ensure_builtin_converted(name)
         model, tokenizer = _from_pretrained(str(model_dir), kwargs, tokenizer_kwargs={})
     elif name.endswith(".gguf"):

@@ -321,3 +321,14 @@ def test_a_hub_id_close_to_a_builtin_name_still_goes_to_the_hub(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(TargetLoadError, match="If you are offline, pass a local model directory"):
         load_target("someone/smollm2-135m")
+
+
+@pytest.mark.slow
+def test_a_local_folder_named_like_a_built_in_target_is_named_in_a_warning(smollm2, tmp_path, monkeypatch, caplog):
+    """The built-in name wins over ./smollm2-135m-instruct, and nothing said which of the two was loaded."""
+    (tmp_path / SMOLLM2).mkdir()
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("WARNING", logger="specheads.target"):
+        model, _ = load_target(SMOLLM2)
+    assert model.config.name_or_path == SMOLLM2
+    assert f"pass ./{SMOLLM2} for the local folder" in caplog.text

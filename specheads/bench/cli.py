@@ -249,6 +249,21 @@ def bench_main(argv: list[str] | None = None) -> int:
             parser.error(f"{' '.join(given)} shape the heads' methods: they need --head DIR")
     if args.assistant and "hf-assisted" not in args.methods:
         parser.error(f"--assistant {args.assistant} is the draft model of hf-assisted, which --methods leaves out")
+    defaults = BenchSettings()
+    if args.assistant and args.assistant_layers != defaults.assistant_layers:
+        parser.error("--assistant-layers cuts the default assistant from the target; --assistant replaces it: give one")
+    if args.heads and args.trees and "auto" not in args.trees:  # calibration options would be recorded unused
+        calibrating = [
+            option
+            for option, given in [
+                ("--recalibrate", args.recalibrate),
+                ("--calibration-prompts", args.calibration_prompts != defaults.calibration_prompts),
+                ("--calibration-data", args.calibration_data is not None),
+            ]
+            if given
+        ]
+        if calibrating:
+            parser.error(f"{' '.join(calibrating)} calibrate --tree auto, and every --tree given is fixed: drop them")
     settings = BenchSettings(**{k: v for k, v in vars(args).items()})
     settings.trees = settings.trees or ["auto"]
     if not plots_available():  # said before the measurement too, not only after it

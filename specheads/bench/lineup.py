@@ -73,11 +73,25 @@ def build_methods(
             curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate, kernels=kernels)
             relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
             print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
-        if any(m.name == f"specheads-{Path(head_arg).name}" for m in methods):
-            raise ValueError(f"two --head folders are both named {Path(head_arg).name!r}; rename one")
+        _check_names_free(settings, head_arg, methods)
         calibrated = (calibration, calibration_source, curve, kernels)
         methods += _head_methods(settings, head_arg, tree, target, tokenizer, *calibrated)
     return methods
+
+
+def _check_names_free(settings: BenchSettings, head_arg: str, methods: list[Method]) -> None:
+    """A head's methods are keyed by name in the runs and the report: two methods of one name would mix their runs.
+    Checked before the head is loaded and calibrated, against every variant the settings may add."""
+    base = f"specheads-{Path(head_arg).name}"
+    variants = [settings.backoff, settings.lookup_branch, settings.drafter_window, settings.lookup_solo is not None]
+    suffixes = [s for s, on in zip(("+backoff", "+lookup", "+window", "+lookup-solo"), variants) if on]
+    taken = {m.name for m in methods}
+    clash = next((name for name in [base, *(base + s for s in suffixes)] if name in taken), None)
+    if clash is not None:
+        raise ValueError(
+            f"--head {head_arg} would be reported as {clash!r}, a name another method already has (two --head "
+            "folders of one name, or a folder named like a built-in method or a variant); rename the folder"
+        )
 
 
 def _assistant(settings: BenchSettings, target: PreTrainedModel) -> tuple[torch.nn.Module, str]:
@@ -130,6 +144,12 @@ def _head_methods(
     else:
         spec = fixed_drafter(head, tree)
     name, what = f"specheads-{Path(head_arg).name}", f"{head.head_type} head"
+    unused = [o for o, on in [("--backoff", settings.backoff), ("--drafter-window", settings.drafter_window)] if on]
+    unused += ["--lookup-solo"] if settings.lookup_solo is not None else []
+    if spec.drafter is None and unused:  # the variants vary a head's drafting, and this one drafts nothing
+        print(
+            f"note: {' '.join(unused)} add no method for {head_arg}: its auto tree is plain decoding", file=sys.stderr
+        )
     methods = [_specheads(name, target, tokenizer, spec, acceptance, what, kernels, curve)]
     if settings.backoff and spec.drafter is not None:
         backoff = f"{what}, draft backoff"
@@ -140,7 +160,11 @@ def _head_methods(
         branch = with_lookup_branch(spec, settings.lookup_branch)
         what_branch = f"{what} + lookup"
         methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, what_branch, kernels, curve))
-    if settings.drafter_window and spec.drafter is not None:
+    if settings.drafter_window and spec.drafter is not None and head.head_type != "eagle":
+        print(
+            f"note: --drafter-window adds no method for {head_arg}: it cuts an EAGLE drafter's cache", file=sys.stderr
+        )
+    elif settings.drafter_window and spec.drafter is not None:
         window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
         cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto)
         windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"

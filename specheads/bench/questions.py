@@ -1,7 +1,8 @@
 """Spec-Bench questions (https://github.com/hemingkx/Spec-Bench): loading, category mapping and selection.
 
 Spec-Bench's ``question.jsonl`` stores its MT-bench block (question ids 81-160) under MT-bench's eight
-sub-categories (writing, roleplay, ...). Spec-Bench itself reports them as one category, ``mt_bench``; so do we.
+sub-categories (writing, roleplay, ...). Spec-Bench itself reports them as one category, ``mt_bench``; so do we, in
+Spec-Bench's file (one holding its task categories); other files keep their own categories.
 Only the first turn of each question is benchmarked (as Spec-Bench does for single-turn speed).
 """
 
@@ -16,6 +17,9 @@ MT_BENCH_IDS = range(81, 161)
 """Question ids of Spec-Bench's MT-bench block, reported as category ``mt_bench``."""
 
 MT_BENCH = "mt_bench"
+MT_BENCH_SUBCATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+SPEC_BENCH_TASKS = ("translation", "summarization", "qa", "math_reasoning", "rag")
+"""Spec-Bench's categories besides MT-bench: a file holding any of them is read as Spec-Bench's own."""
 
 
 @dataclass(frozen=True)
@@ -26,8 +30,8 @@ class Question:
 
 
 def spec_bench_category(question_id: int | str, category: str) -> str:
-    """The Spec-Bench reporting category of a question: ids 81-160 are ``mt_bench`` whatever the file says."""
-    return MT_BENCH if question_id in MT_BENCH_IDS else category
+    """The Spec-Bench reporting category of a question: ids 81-160 under an MT-bench sub-category are ``mt_bench``."""
+    return MT_BENCH if question_id in MT_BENCH_IDS and category in MT_BENCH_SUBCATEGORIES else category
 
 
 def load_questions(path: str | Path) -> list[Question]:
@@ -55,7 +59,9 @@ def load_questions(path: str | Path) -> list[Question]:
         raise ValueError(
             f"question file {path} holds no questions; expected JSON lines with question_id, category, turns"
         )
-    return questions
+    if not any(q.category in SPEC_BENCH_TASKS for q in questions):
+        return questions  # not Spec-Bench's file: its categories are reported as it names them
+    return [Question(q.question_id, spec_bench_category(q.question_id, q.category), q.prompt) for q in questions]
 
 
 def _question(line: str, where: str) -> Question:
@@ -81,7 +87,7 @@ def _question(line: str, where: str) -> Question:
         raise ValueError(f"{where}: category is {category!r}; expected a non-empty string")
     if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or not turns[0].strip():
         raise ValueError(f"{where}: turns is {turns!r:.80}; expected a list whose first turn is a non-empty string")
-    return Question(qid, spec_bench_category(qid, category), turns[0])
+    return Question(qid, category, turns[0])
 
 
 def select_per_category(

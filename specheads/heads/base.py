@@ -70,6 +70,8 @@ class DraftHead(nn.Module):
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
+        # the Medusa-2 LoRA adapter folder load_head found beside this head: part of the head as published
+        self.loaded_adapter: Path | None = None
 
     @property
     def layer_ids(self) -> list[int]:
@@ -142,6 +144,12 @@ class DraftHead(nn.Module):
 
     def push_to_hub(self, repo_id: str, card: dict[str, Any] | None = None, **kwargs: Any) -> str:
         """Save to a temporary folder and upload it with huggingface_hub (see ``specheads.heads.hub``)."""
+        if self.loaded_adapter is not None:  # the upload would delete the repo's lora/ and say Medusa-1
+            raise ValueError(
+                f"this head was loaded with a Medusa-2 LoRA adapter ({self.loaded_adapter}), which push_to_hub "
+                "does not upload, so the repository would hold the heads without it; push the head's folder with "
+                f"`specheads push {self.loaded_adapter.parent} {repo_id}`, which uploads the adapter too"
+            )
         from specheads.heads.hub import push_folder
 
         with tempfile.TemporaryDirectory() as tmp:

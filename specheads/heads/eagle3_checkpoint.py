@@ -15,7 +15,7 @@ from transformers import LlamaConfig, PreTrainedModel
 from specheads.heads.base import CONFIG_NAME, WEIGHTS_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.eagle import EagleHead
-from specheads.heads.eagle_config import LLAMA_LAYER, EagleConfig, default_eagle3_layer_ids
+from specheads.heads.eagle_config import LLAMA_LAYER, EagleConfig, check_vocab_maps, default_eagle3_layer_ids
 from specheads.heads.eagle_layer import llama_layer_settings
 from specheads.heads.speculators_format import as_engine_checkpoint, is_speculators_checkpoint
 
@@ -34,10 +34,13 @@ def is_eagle3_checkpoint(meta: dict[str, Any]) -> bool:
     )
 
 
-def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -> EagleHead:
+def load_eagle3_checkpoint(
+    folder: str | os.PathLike, target: PreTrainedModel, dtype: torch.dtype | None = None
+) -> EagleHead:
     """An ``EagleHead`` (v3, eval, frozen) from a Llama EAGLE-3 draft checkpoint folder, strictly: every tensor
     must map onto the drafter and every drafter tensor must be present (the embedding, when shipped, must equal the
-    target's, since this drafter reads the target's)."""
+    target's, since this drafter reads the target's). The head is in the target's dtype, or ``dtype`` (fp32 to train
+    it), cast before loading so that an fp32 file's values arrive unrounded."""
     folder = Path(folder)
     meta = json.loads((folder / CONFIG_NAME).read_text())
     weights = folder / WEIGHTS_NAME
@@ -60,7 +63,11 @@ def load_eagle3_checkpoint(folder: str | os.PathLike, target: PreTrainedModel) -
             "the wrong token. Export the checkpoint with its d2t (SpecForge and the EAGLE-3 reference both save it)."
         )
     offsets = tensors.pop("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-    head = EagleHead(config, target, d2t=offsets.long() + torch.arange(offsets.numel()))
+    d2t = offsets.long() + torch.arange(offsets.numel())  # the engines store each draft id's offset to its token
+    check_vocab_maps(weights, d2t, target.config.get_text_config().vocab_size)  # before t2d indexes with it
+    head = EagleHead(config, target, d2t=d2t)
+    if dtype is not None:
+        head.to(dtype)
     tensors.pop("t2d", None)  # rebuilt from d2t
     embedding = tensors.pop("embed_tokens.weight", None)
     own = head.borrowed.embed_tokens.weight.detach()

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from specheads.heads.config import HeadConfig, HeadConfigError
+from specheads.heads.config import HeadConfig, HeadConfigError, HeadLoadError
 
 AUTO_LAYER, TARGET_LAYER, LLAMA_LAYER = "auto", "target", "llama"
 DRAFT_LAYERS = (AUTO_LAYER, TARGET_LAYER, LLAMA_LAYER)
@@ -131,3 +131,25 @@ def target_to_draft(d2t: torch.Tensor, target_vocab_size: int) -> torch.Tensor:
     t2d = torch.full((target_vocab_size,), -1, dtype=torch.long, device=d2t.device)
     t2d[d2t] = torch.arange(d2t.numel(), device=d2t.device)
     return t2d
+
+
+def check_vocab_maps(
+    source: object, d2t: torch.Tensor, target_vocab_size: int, t2d: torch.Tensor | None = None
+) -> None:
+    """A loaded ``d2t`` names distinct target tokens and ``t2d``, when stored, is its inverse: a hand-made, edited or
+    foreign map that is not would draft other tokens than the head scored (a repeated id also skews the draft
+    distribution that sampled decoding corrects against, so its output would not follow the target's)."""
+    if d2t.numel() and (
+        int(d2t.min()) < 0 or int(d2t.max()) >= target_vocab_size or d2t.unique().numel() != d2t.numel()
+    ):
+        raise HeadLoadError(
+            f"{source}: d2t must name {d2t.numel()} distinct target token ids in [0, {target_vocab_size}); it holds "
+            f"ids from {int(d2t.min())} to {int(d2t.max())}, {d2t.unique().numel()} distinct: the map was edited or "
+            "built for another target; rebuild it with build_vocab_maps for this one"
+        )
+    inverse = target_to_draft(d2t, target_vocab_size)
+    if t2d is not None and not torch.equal(inverse, t2d):
+        raise HeadLoadError(
+            f"{source}: t2d is not the inverse of d2t ({int((inverse != t2d).sum())} entries differ); both are "
+            "written by save_pretrained from one vocabulary map: rebuild them with build_vocab_maps"
+        )

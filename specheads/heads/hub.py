@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,11 @@ the target by everyone who downloads the head, and ``lora/`` holds nothing else 
 ENGINE_DELETE_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.jinja", f"{LORA_DIR}/*"]
 """What pushing an engine's folder deletes from the repository when the folder does not have it: the files of an
 earlier head or export, which the engine would otherwise load beside this one."""
+
+
+MODEL_NAME_KEYS = ("name_or_path", "_name_or_path", "base_model_name_or_path")
+"""The keys under which an uploaded JSON config names a model: a head's target record (and a draft model's own
+transformers config), the engines' base model, speculators' verifier, a LoRA adapter's base model."""
 
 
 class HubError(RuntimeError):
@@ -72,27 +79,79 @@ def push_folder(
     ``private=None`` leaves visibility to the Hub (a new repository follows its owner's default, an existing one
     keeps its own); ``True`` makes the repository private, an existing public one included; ``False`` creates a
     public one. ``revision`` names a branch, created from the default branch when missing. Files of an earlier head
-    that this folder does not have (``DELETE_PATTERNS``) are deleted."""
-    if not engine_folder:
-        files_to_upload(folder)
+    that this folder does not have (``DELETE_PATTERNS``) are deleted. A local target path in a config is uploaded as
+    the card names it (``published_copy``); an engine's folder is uploaded without its hidden files."""
+    names = _engine_files(Path(folder)) if engine_folder else files_to_upload(folder)
     api = HfApi(token=token)
-    try:
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        if private:  # create_repo ignores ``private`` for a repository that already exists
-            api.update_repo_settings(repo_id, private=True)
-        if revision is not None:  # upload_folder commits to an existing branch only
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        info = api.upload_folder(
-            folder_path=str(folder),
-            repo_id=repo_id,
-            allow_patterns=None if engine_folder else UPLOAD_PATTERNS,
-            delete_patterns=ENGINE_DELETE_PATTERNS if engine_folder else DELETE_PATTERNS,
-            commit_message=commit_message,
-            revision=revision,
-        )
-    except Exception as err:  # noqa: BLE001 - network, auth and offline errors all become one clear line
-        raise HubError(_one_line(f"could not push {folder} to {repo_id}", err)) from err
+    with tempfile.TemporaryDirectory() as stage:
+        published = published_copy(Path(folder), names, Path(stage))
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            if private:  # create_repo ignores ``private`` for a repository that already exists
+                api.update_repo_settings(repo_id, private=True)
+            if revision is not None:  # upload_folder commits to an existing branch only
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            info = api.upload_folder(
+                folder_path=str(published),
+                repo_id=repo_id,
+                allow_patterns=None if engine_folder else UPLOAD_PATTERNS,
+                delete_patterns=ENGINE_DELETE_PATTERNS if engine_folder else DELETE_PATTERNS,
+                commit_message=commit_message,
+                revision=revision,
+            )
+        except Exception as err:  # noqa: BLE001 - network, auth and offline errors all become one clear line
+            raise HubError(_one_line(f"could not push {folder} to {repo_id}", err)) from err
     return str(getattr(info, "commit_url", info))
+
+
+def published_copy(folder: Path, names: list[str], stage: Path) -> Path:
+    """``folder``'s files ``names`` as they are published, in ``stage``: a JSON file that names a local model by its
+    path (``MODEL_NAME_KEYS``) is rewritten with the name the card uses (``public_name``), every other file is linked
+    (copied where links are refused). The folder keeps its paths: loading a head and exporting it read them."""
+    for name in names:
+        source, copy = folder / name, stage / name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        meta = _read_json(source) if name.endswith(".json") else None
+        if meta is not None and (public := public_config(meta)) != meta:
+            copy.write_text(json.dumps(public, indent=2) + "\n")
+            continue
+        try:
+            copy.symlink_to(source.resolve())
+        except OSError:
+            shutil.copy2(source, copy)
+    return stage
+
+
+def public_config(value: Any) -> Any:
+    """A JSON config with every model name under ``MODEL_NAME_KEYS`` as ``public_name`` writes it."""
+    if isinstance(value, dict):
+        return {
+            key: public_name(item) if key in MODEL_NAME_KEYS and isinstance(item, str) else public_config(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [public_config(item) for item in value]
+    return value
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # uploaded as it is
+
+
+def _engine_files(folder: Path) -> list[str]:
+    """Every file of an engine's folder, relative to it, but hidden ones (``.git``, caches, partial writes)."""
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"{folder} {'is a file' if folder.exists() else 'does not exist'}; push a folder specheads export wrote"
+        )
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
 
 
 def save_lora_adapter(

@@ -21,7 +21,7 @@ from specheads.heads.config import FORMAT_VERSION, HeadConfigError, HeadLoadErro
 from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleHead
 from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint, load_eagle3_checkpoint
-from specheads.heads.eagle_config import target_to_draft
+from specheads.heads.eagle_config import check_vocab_maps
 from specheads.heads.medusa import MedusaHeads
 
 HEADS: dict[str, type[DraftHead]] = {
@@ -57,9 +57,9 @@ def load_head(
     raw = _read_json(folder / CONFIG_NAME)
     adapter = required_adapter(folder, raw)
     if is_eagle3_checkpoint(raw):
-        head = load_eagle3_checkpoint(folder, target)
+        head = load_eagle3_checkpoint(folder, target, dtype=torch.float32 if trainable else None)
         if trainable:
-            head.float().train().requires_grad_(True)
+            head.train().requires_grad_(True)
         return head
     meta = _checked_head_config(raw, folder / CONFIG_NAME)
     head_cls = HEADS[meta["head_type"]]
@@ -91,6 +91,7 @@ def load_head(
     if trainable:
         head.float()  # before loading, so an fp32 file's values arrive unrounded
     _load_weights_strict(head, folder / WEIGHTS_NAME)
+    head.loaded_adapter = adapter
     head.to(target.device)
     if not trainable:
         head.eval()
@@ -214,7 +215,7 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
     except Exception as err:  # noqa: BLE001 - a truncated payload only shows up while reading tensor data
         raise HeadLoadError(f"{path} could not be read ({err}); the file is corrupt or truncated") from err
     if isinstance(head, EagleHead) and head.version == 3:  # EAGLE-1 drafts over the whole vocabulary
-        _check_vocab_maps(head, path)
+        check_vocab_maps(path, head.d2t, head.t2d.numel(), head.t2d)
 
 
 def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -237,23 +238,6 @@ def _kind(dtype: torch.dtype) -> str:
 def _stored_kind(code: str) -> str:
     """The kind of a safetensors dtype code (``F32``, ``BF16``, ``F8_E4M3``, ``I64``, ``U8``, ``BOOL``)."""
     return "bool" if code == "BOOL" else "float" if code.startswith(("F", "BF")) else "integer"
-
-
-def _check_vocab_maps(head: EagleHead, path: Path) -> None:
-    """``d2t`` names distinct target tokens and ``t2d`` is its inverse: a hand-made or edited map that is not would
-    draft other tokens than the head scored."""
-    vocab, d2t = head.t2d.numel(), head.d2t
-    if d2t.numel() and (int(d2t.min()) < 0 or int(d2t.max()) >= vocab or d2t.unique().numel() != d2t.numel()):
-        raise HeadLoadError(
-            f"{path}: d2t must name {d2t.numel()} distinct target token ids in [0, {vocab}); it holds ids from "
-            f"{int(d2t.min())} to {int(d2t.max())}, {d2t.unique().numel()} distinct"
-        )
-    inverse = target_to_draft(d2t, vocab)
-    if not torch.equal(inverse, head.t2d):
-        raise HeadLoadError(
-            f"{path}: t2d is not the inverse of d2t ({int((inverse != head.t2d).sum())} entries differ); both are "
-            "written by save_pretrained from one vocabulary map: rebuild them with build_vocab_maps"
-        )
 
 
 def _tied_aliases(head: DraftHead, saved: set[str]) -> set[str]:

@@ -17,13 +17,16 @@ from huggingface_hub.utils import validate_repo_id
 
 from specheads.heads.config import HeadConfigError
 from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint
-from specheads.heads.export_cli import export_main
+from specheads.heads.export_cli import checkpoint_target, export_main, recorded_engine
 from specheads.heads.files import CARD_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
 from specheads.heads.hub import HubError, files_to_upload, push_folder
 from specheads.heads.interop import ENGINES, SGLANG_EAGLE1_ARCHITECTURE
 from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, required_adapter, safetensors_header
-from specheads.heads.serving_card import write_serving_card
-from specheads.heads.speculators_format import is_speculators_checkpoint
+from specheads.heads.serving_card import exported_method, write_serving_card
+from specheads.heads.speculators_format import SPECULATORS_ENGINE, is_speculators_checkpoint
+
+SHARED_LAYOUT_ENGINES = ("vllm", "sglang")
+"""The engines that read the same EAGLE-3 and draft-model folders (``specheads.heads.interop``)."""
 
 
 def push_main(argv: list[str] | None = None) -> int:
@@ -89,16 +92,20 @@ def _folder_to_push(args: argparse.Namespace, stage: Path) -> tuple[Path, str | 
     folder = Path(args.folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder} {'is a file' if folder.exists() else 'does not exist'}")
-    engine = exported_engine(folder)
-    if engine is None and args.format in (None, "specheads"):
+    engines = exported_engines(folder)
+    if not engines and args.format in (None, "specheads"):
         if args.bench_results:
             raise ValueError("--bench-results goes on an engine's card: add --format vllm|sglang|speculators")
         _check_head_folder(folder)
         return folder, None
     meta = json.loads((folder / CONFIG_NAME).read_text())
-    if engine is not None:  # an export folder: pushed in its own format, with a card
-        if args.format not in (None, "specheads", engine):
-            raise ValueError(f"{folder} is a {engine} export; push it without --format, or export the head again")
+    if engines:  # an export folder: pushed in its own format (or another engine's that reads it), with a card
+        if args.format not in (None, "specheads", *engines):
+            raise ValueError(
+                f"{folder} is a {engines[0]} export; push it without --format ({args.format} does not read that "
+                f"layout), or export the head again with --engine {args.format}"
+            )
+        engine = args.format if args.format in engines else engines[0]
         target_name = args.target or _exported_target(meta)
         out, head_card = stage / "repo", None
         shutil.copytree(folder, out, ignore=shutil.ignore_patterns(".*"))
@@ -114,25 +121,31 @@ def _folder_to_push(args: argparse.Namespace, stage: Path) -> tuple[Path, str | 
     return out, engine
 
 
-def exported_engine(folder: Path) -> str | None:
-    """The engine format of a folder ``specheads export`` wrote, or None for anything else (a head folder)."""
+def exported_engines(folder: Path) -> tuple[str, ...]:
+    """The engines that serve a folder ``specheads export`` wrote as it is, the one it was exported for first (its
+    README says which); empty for anything else (a head folder). EAGLE-1 differs between the engines by the
+    ``architectures`` SGLang loads, Medusa is vLLM's alone, and the speculators format is its own."""
     path = folder / CONFIG_NAME
     try:
         raw = json.loads(path.read_text()) if path.is_file() else None
     except json.JSONDecodeError:
-        return None  # read_head_config says what is wrong with it
+        return ()  # read_head_config says what is wrong with it
     if not isinstance(raw, dict) or "head_type" in raw:
-        return None
+        return ()
     if is_speculators_checkpoint(raw):
-        return "speculators"
-    if "specheads" in raw or "architectures" in raw or is_eagle3_checkpoint(raw):
-        return "sglang" if SGLANG_EAGLE1_ARCHITECTURE in (raw.get("architectures") or ()) else "vllm"
-    return None
+        return (SPECULATORS_ENGINE,)
+    if not ("specheads" in raw or "architectures" in raw or is_eagle3_checkpoint(raw)):
+        return ()
+    if SGLANG_EAGLE1_ARCHITECTURE in (raw.get("architectures") or ()):
+        return ("sglang",)
+    if not is_eagle3_checkpoint(raw) and exported_method(raw)[0] in ("eagle", "medusa"):
+        return ("vllm",)
+    recorded = recorded_engine(folder)
+    return tuple(sorted(SHARED_LAYOUT_ENGINES, key=lambda engine: engine != recorded))
 
 
 def _exported_target(meta: dict) -> str:
-    verifier = (meta.get("speculators_config") or {}).get("verifier") or {}
-    name = verifier.get("name_or_path") or meta.get("base_model_name_or_path") or meta.get("_name_or_path")
+    name = checkpoint_target(meta) or meta.get("_name_or_path")
     if not name:
         raise ValueError("the export does not name its target: pass --target")
     return str(name)

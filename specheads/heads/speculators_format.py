@@ -58,6 +58,9 @@ _SPECHEADS_VARIANT = {"norm_before_residual": False, "norm_before_fc": False, "f
 """speculators' EAGLE-3 options as specheads' drafter computes them (an absent ``norm_before_residual`` is True in
 vLLM's reader, so it is always written)."""
 
+_VLLM_ABSENT_VARIANT = {**_SPECHEADS_VARIANT, "norm_before_residual": True}
+"""What vLLM's reader takes for an option a config leaves out: a folder is read as the drafter vLLM would serve."""
+
 
 def speculators_checkpoint(
     engine_config: dict[str, Any], tensors: dict[str, torch.Tensor], verifier_architectures: list[str]
@@ -112,7 +115,7 @@ def as_engine_checkpoint(
     ``speculators_checkpoint``), so that one loader reads both; other configs pass through unchanged."""
     if not is_speculators_checkpoint(meta):
         return meta, tensors
-    variants = {key: meta.get(key, default) for key, default in _SPECHEADS_VARIANT.items()}
+    variants = {key: meta.get(key, absent) for key, absent in _VLLM_ABSENT_VARIANT.items()}
     if meta["speculators_model_type"] != "eagle3" or variants != _SPECHEADS_VARIANT:
         raise HeadLoadError(
             f"specheads loads speculators EAGLE-3 drafters with {_SPECHEADS_VARIANT}; found speculators_model_type="

@@ -28,6 +28,15 @@ def test_mt_bench_ids_map_to_mt_bench():
     assert spec_bench_category(80, "writing") == "writing"
 
 
+def test_another_question_file_keeps_its_own_categories(tmp_path):
+    """Ids 81-160 were folded into mt_bench in any file: a custom set's per-category table showed a category it does
+    not hold."""
+    records = [{"question_id": i, "category": "coding", "turns": [f"q{i}"]} for i in range(1, 201)]
+    questions = load_questions(write_questions(tmp_path / "q.jsonl", records))
+    assert {q.category for q in questions} == {"coding"}
+    assert spec_bench_category(90, "long-1k") == "long-1k"  # only MT-bench's sub-categories fold
+
+
 def test_load_and_select(tmp_path):
     records = [
         {"question_id": 81, "category": "writing", "turns": ["w1", "w2"]},

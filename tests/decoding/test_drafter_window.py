@@ -13,7 +13,7 @@ from specheads.decoding.eagle_draft import DrafterWindow, EagleTreeDrafter, with
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.lookup_branch import LookupBranchDrafter
 from specheads.decoding.tree import DynamicTreeConfig
-from specheads.heads import EagleConfig, EagleHead
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
 from specheads.heads.masks import blocked_value, causal_additive_mask
 from tests.decoding.helpers import TinyTokenizer
 from tests.decoding.planted import PlantedDrafter, greedy_continuation
@@ -136,8 +136,9 @@ def test_windowed_drafter_on_a_long_smollm2_prompt(smollm2):
     assert ids.numel() > 4000 and max(probe.held) == 260
 
 
-def test_bench_runs_an_eagle_head_with_and_without_the_window(tmp_path):
-    """``specheads bench --drafter-window`` adds NAME+window beside the head, with the same greedy outputs."""
+def test_bench_runs_an_eagle_head_with_and_without_the_window(tmp_path, capsys):
+    """``specheads bench --drafter-window`` adds NAME+window beside an EAGLE head, with the same greedy outputs, and
+    leaves the other heads as they are (a Medusa head beside it stopped the run after the target had loaded)."""
     from specheads.bench.cli import bench_main
     from specheads.target import load_target
     from tests.tiny_models import save_tiny_target
@@ -145,6 +146,7 @@ def test_bench_runs_an_eagle_head_with_and_without_the_window(tmp_path):
     target_dir = save_tiny_target(tmp_path / "target", num_layers=4)
     target, _ = load_target(str(target_dir), device="cpu")
     EagleHead(EagleConfig(version=3), target).save_pretrained(tmp_path / "eagle")
+    MedusaHeads(MedusaConfig(num_heads=2), target).save_pretrained(tmp_path / "medusa")
     questions = tmp_path / "questions.jsonl"
     turns = ["Summarise: " + "the sea is wide and the sea is deep. " * 12, "Repeat: one two three one two three."]
     questions.write_text(
@@ -154,9 +156,11 @@ def test_bench_runs_an_eagle_head_with_and_without_the_window(tmp_path):
     )
     out = tmp_path / "out"
     argv = ["--target", str(target_dir), "--questions", str(questions), "--device", "cpu", "--out", str(out)]
-    argv += ["--max-new-tokens", "12", "--no-progress", "--methods", "--head", str(tmp_path / "eagle")]
-    argv += ["--tree", "dynamic:3,2,5", "--drafter-window", "8", "--drafter-sinks", "2"]
+    argv += ["--max-new-tokens", "12", "--no-progress", "--methods"]
+    argv += ["--head", str(tmp_path / "eagle"), "--head", str(tmp_path / "medusa")]
+    argv += ["--tree", "dynamic:3,2,5", "--tree", "chain:2", "--drafter-window", "8", "--drafter-sinks", "2"]
     assert bench_main(argv) == 0  # 1 if an output differed from generate's
+    assert f"--drafter-window adds no method for {tmp_path / 'medusa'}" in capsys.readouterr().err
     report = json.loads((out / "results.json").read_text())
-    assert list(report["results"]) == ["generate", "specheads-eagle", "specheads-eagle+window"]
+    assert list(report["results"]) == ["generate", "specheads-eagle", "specheads-eagle+window", "specheads-medusa"]
     assert "drafter cache 2 + 8 rows" in report["methods"]["specheads-eagle+window"]["description"]

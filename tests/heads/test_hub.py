@@ -5,15 +5,13 @@ code (ModelCard parsing, HfApi with offline mode); the upload itself is not exer
 """
 
 import json
-import os
-from pathlib import Path
-from types import SimpleNamespace
+import re
 
 import pytest
 from huggingface_hub import ModelCard
 
 from specheads.cli import main
-from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
+from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads, load_head
 from specheads.heads.card import base_model_id
 from specheads.heads.hub import HubError, files_to_upload, push_folder
 
@@ -102,41 +100,6 @@ def test_push_offline_is_one_clear_line(tiny_llama, tmp_path, monkeypatch, capsy
     assert "config.json, model.safetensors, README.md" in capsys.readouterr().out
 
 
-@pytest.fixture
-def fake_hub(monkeypatch):
-    """Everything up to the network: huggingface_hub's own ``upload_folder`` builds the commit from the folder and
-    the repository's file list (``fake_hub.remote``); only the calls that reach the Hub are replaced (creating the
-    repository, a branch, its settings, listing its files, the Hub's check of the card's YAML, the commit), and the
-    upload takes the library's single-commit path rather than its Xet pipeline, so that one commit carries every
-    file. ``fake_hub.calls`` records (name, keyword arguments); a commit records its sorted (operation, path)s."""
-    import huggingface_hub.hf_api
-    from huggingface_hub import HfApi
-
-    hub = SimpleNamespace(calls=[], remote=[".gitattributes", "config.json", "model.safetensors", "README.md"])
-    monkeypatch.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False)
-    monkeypatch.setattr(HfApi, "create_repo", lambda self, repo_id, **kw: hub.calls.append(("create_repo", kw)))
-    monkeypatch.setattr(HfApi, "create_branch", lambda self, repo_id, **kw: hub.calls.append(("create_branch", kw)))
-    monkeypatch.setattr(HfApi, "update_repo_settings", lambda self, repo_id, **kw: hub.calls.append(("settings", kw)))
-    monkeypatch.setattr(HfApi, "list_repo_files", lambda self, repo_id, **kw: list(hub.remote))
-    monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kw: hub.calls.append(("yaml", {})))
-
-    hub.uploaded = {}  # path in the repository -> the bytes the last commits uploaded
-
-    def create_commit(self, repo_id, operations, **kw):
-        ops = sorted((type(op).__name__, op.path_in_repo) for op in operations)
-        for op in operations:
-            content = getattr(op, "path_or_fileobj", None)
-            if isinstance(content, (str, os.PathLike)):
-                hub.uploaded[op.path_in_repo] = Path(content).read_bytes()
-            elif isinstance(content, bytes):
-                hub.uploaded[op.path_in_repo] = content
-        hub.calls.append(("commit", {**kw, "ops": ops}))
-        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/abc")
-
-    monkeypatch.setattr(HfApi, "create_commit", create_commit)
-    return hub
-
-
 def test_push_deletes_an_earlier_heads_adapter_and_keeps_visibility_unless_asked(tiny_llama, tmp_path, fake_hub):
     fake_hub.remote.append("lora/adapter_model.safetensors")
     calls = fake_hub.calls
@@ -191,6 +154,18 @@ def test_push_uploads_only_the_adapter_files_peft_loads(tiny_llama, tmp_path, fa
     assert added == sorted(["config.json", "model.safetensors", "README.md", *adapter])
     deleted = [path for kind, path in commit["ops"] if kind == "CommitOperationDelete"]
     assert deleted == ["lora/README.md"]  # the earlier push's peft template card goes too
+
+
+def test_push_to_hub_refuses_a_head_loaded_with_its_adapter_before_uploading(tiny_llama, tmp_path, fake_hub):
+    """``push_to_hub`` saved the heads without their Medusa-2 adapter: the repository said Medusa-1, and the push
+    deleted the ``lora/`` already there. ``specheads push FOLDER`` uploads the adapter; a Medusa-1 head still pushes."""
+    folder = _medusa2_folder(tiny_llama, tmp_path / "medusa2")
+    head = load_head(folder, tiny_llama, adapter_applied=True)
+    with pytest.raises(ValueError, match=re.escape(f"`specheads push {folder} me/head`, which uploads the adapter")):
+        head.push_to_hub("me/head")
+    assert fake_hub.calls == []
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "medusa1")
+    assert load_head(tmp_path / "medusa1", tiny_llama).push_to_hub("me/head").endswith("/commit/abc")
 
 
 def test_push_takes_a_commit_message_and_a_branch(tiny_llama, tmp_path, fake_hub):
@@ -262,7 +237,6 @@ def test_push_format_vllm_uploads_what_the_engine_serves_and_load_head_reads_the
     the serve command and the measured speed apart from training's estimate; load_head reads it from the Hub cache."""
     import torch
 
-    from specheads.heads import load_head
     from specheads.target import load_target
     from tests.tiny_models import in_local_hub_cache, save_tiny_target
 
