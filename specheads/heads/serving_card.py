@@ -12,6 +12,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from specheads.heads.card import BUILTIN_LICENSES, base_model_id, builtin_weights_note, public_name
+from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint
 from specheads.heads.files import CARD_NAME, CONFIG_NAME
 
 BENCH_OVERALL = "overall"
@@ -29,6 +30,8 @@ def exported_method(meta: dict[str, Any]) -> tuple[str, int]:
         return "medusa", int(meta.get("num_heads", 3))
     if record.get("head_type") == "eagle":
         return ("eagle3" if record.get("version") == 3 else "eagle"), 3
+    if is_eagle3_checkpoint(meta):  # exported elsewhere (SpecForge, speculators): no specheads record
+        return "eagle3", 3
     return "draft_model", 4
 
 

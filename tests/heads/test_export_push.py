@@ -139,3 +139,11 @@ def test_export_overwrite_leaves_only_what_this_export_writes(local, tmp_path, c
         *written,
         "notes.txt",
     ]
+
+
+def test_a_card_for_an_eagle3_checkpoint_exported_elsewhere_serves_it_as_eagle3():
+    """A SpecForge checkpoint carries no specheads record: its card named it a draft model (the wrong serve command)."""
+    from specheads.heads.serving_card import exported_method
+
+    assert exported_method({"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32}) == ("eagle3", 3)
+    assert exported_method({"architectures": ["LlamaForCausalLM"]}) == ("draft_model", 4)
