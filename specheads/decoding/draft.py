@@ -133,6 +133,12 @@ def draw_children(
     scores = torch.topk(log_q, k, dim=-1).values
     if greedy:
         return torch.topk(log_q, k, dim=-1).indices, scores
-    uniform = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(min=1e-20)
-    gumbel = -torch.log(-torch.log(uniform))
-    return torch.topk(log_q + gumbel, k, dim=-1).indices, scores
+    gumbel = gumbel_noise(probs.shape, generator, probs.device)
+    return torch.topk(log_q.double() + gumbel, k, dim=-1).indices, scores
+
+
+def gumbel_noise(shape: torch.Size, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Standard Gumbel noise in float64: float32 uniforms cap it at ~16.6, so tokens over e^16.6 times less likely
+    than the best would be drawn too rarely for the q that acceptance trusts."""
+    uniform = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return -torch.log(-torch.log(uniform.clamp_(min=1e-300)))

@@ -52,12 +52,13 @@ def warp_logits_to_probs(
 
 def _keep_nucleus(scores: Tensor, top_p: float) -> Tensor:  # (..., V) -> (..., V)
     """Keep the smallest set of most likely tokens whose mass reaches top_p (Holtzman et al. 2019,
-    https://arxiv.org/abs/1904.09751); the most likely token is always kept."""
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # (..., V)
-    sorted_probs = torch.softmax(sorted_scores, dim=-1)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of the strictly more likely tokens
-    drop_sorted = mass_before >= top_p  # first token has mass_before 0 < top_p: never dropped
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    https://arxiv.org/abs/1904.09751); the most likely token is always kept. Computed as transformers'
+    ``TopPLogitsWarper`` does (ascending sort, drop while the mass so far is <= 1 - top_p), so that tokens tied at the
+    nucleus' edge are kept or dropped as ``generate`` does."""
+    sorted_scores, order = torch.sort(scores, dim=-1, descending=False)  # (..., V)
+    drop_sorted = torch.softmax(sorted_scores, dim=-1).cumsum(dim=-1) <= 1 - top_p
+    drop_sorted[..., -1:] = False
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
     return scores.masked_fill(drop, float("-inf"))
 
 

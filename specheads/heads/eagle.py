@@ -32,6 +32,7 @@ from specheads.heads.eagle_config import (
     LLAMA_LAYER,
     TARGET_LAYER,
     EagleConfig,
+    check_vocab_maps,
     default_eagle3_layer_ids,
     target_to_draft,
 )
@@ -122,6 +123,7 @@ def checked_d2t(config: EagleConfig, vocab_size: int, d2t: torch.Tensor | None) 
         d2t = torch.arange(vocab_size)
     if d2t.shape != (draft_vocab,):
         raise HeadConfigError(f"d2t must have shape ({draft_vocab},), found {tuple(d2t.shape)}")
+    check_vocab_maps("EagleHead(d2t=...)", d2t.long(), vocab_size)  # a repeated id would skew sampled drafting
     return d2t.long().clone()
 
 

@@ -7,6 +7,7 @@ deliberately wrong rules, written here and not in the library, must fail the sam
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -405,6 +406,17 @@ def test_warp_top_k_and_top_p_keep_the_right_support() -> None:
     torch.testing.assert_close(warp_logits_to_probs(logits, 1.0, top_k=2), torch.tensor([0.625, 0.375, 0.0, 0.0]))
 
 
+def test_top_p_keeps_the_tokens_tied_at_the_nucleus_edge_that_transformers_keeps() -> None:
+    """The nucleus was cut from a descending sort, keeping the lowest ids of tokens tied at its edge, where
+    transformers' ascending sort keeps the highest: sampled output followed another law than ``generate``'s."""
+    assert (warp_logits_to_probs(torch.tensor([2.0, 1.0, 1.0]), 1.0, top_p=0.7) > 0).tolist() == [True, False, True]
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (500, 12), generator=generator).float()  # small integers: ties everywhere
+    for top_p in (0.2, 0.5, 0.75, 0.9):
+        kept = TopPLogitsWarper(top_p)(None, logits.clone()) > float("-inf")
+        assert torch.equal(warp_logits_to_probs(logits, 1.0, top_p=top_p) > 0, kept)
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 5, None), (0.8, None, 0.9), (1.3, 8, 0.6)])
 def test_warp_matches_transformers_warpers(temperature: float, top_k: int | None, top_p: float | None) -> None:
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
@@ -416,3 +428,14 @@ def test_warp_matches_transformers_warpers(temperature: float, top_k: int | None
     probs = warp_logits_to_probs(logits, temperature, top_k=top_k, top_p=top_p)
     torch.testing.assert_close(probs, torch.softmax(expected, dim=-1))
     torch.testing.assert_close(probs.sum(dim=-1), torch.ones(4))
+
+
+def test_the_draft_noise_reaches_past_what_float32_uniforms_can_give() -> None:
+    """Float32 uniforms cap Gumbel noise at -log(-log(1 - 2**-24)) ~ 16.6: a draft token over e^16.6 times less
+    likely than the best one was drawn less often than q says (measured: 5 tail draws where 45 were due), and
+    acceptance trusts q. In float64 the cap is ~36.7. Of 5e7 draws the largest passes 16.6 with probability ~0.9."""
+    from specheads.decoding.draft import gumbel_noise
+
+    float32_cap = -math.log(-math.log1p(-(2.0**-24)))
+    noise = gumbel_noise(torch.Size([50_000_000]), torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert noise.dtype == torch.float64 and float(noise.max()) > float32_cap

@@ -71,3 +71,13 @@ def test_an_fp32_engine_checkpoint_loaded_for_training_onto_a_bf16_target_keeps_
     assert loaded.training and all(p.requires_grad and p.dtype == torch.float32 for p in loaded.parameters())
     for name, tensor in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
+
+
+def test_a_head_built_with_a_d2t_that_names_a_token_twice_is_refused():
+    """Only the loaders checked d2t: a head built in code with a repeated id drafted two siblings of one token, and
+    mapping q back to the target's vocabulary dropped one's mass."""
+    target = make_tiny_llama(num_layers=6)
+    d2t = torch.arange(32)
+    d2t[1] = 0
+    with pytest.raises(HeadLoadError, match="d2t must name 32 distinct target token ids"):
+        EagleHead(EagleConfig(version=3, draft_vocab_size=32), target, d2t=d2t)
