@@ -42,8 +42,10 @@ def main() -> None:
     category = {prompt["id"]: prompt["category"] for prompt in prompts}
     records = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
     groups: dict[str, list[int]] = {}
-    for tokens, record in zip(loss_tokens(bench), records, strict=True):
-        groups.setdefault(category[record["id"]], []).extend(tokens)
+    if len(bench) < len(records):
+        print(f"{len(records) - len(bench)} of {len(records)} answers start past max_length: not counted")
+    for tokens, source in zip(loss_tokens(bench), bench["source"], strict=True):  # rows shift past a dropped answer
+        groups.setdefault(category[records[source]["id"]], []).extend(tokens)
     groups["all"] = [t for name in list(groups) for t in groups[name]]
     print(f"{len(training_tokens)} training records, {sum(map(len, training_tokens)):,} answer tokens; vocab {vocab}")
     print("| draft vocabulary | " + " | ".join(groups) + " |")

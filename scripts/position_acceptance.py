@@ -77,6 +77,9 @@ def main() -> None:
     for name, head in heads.items():
         for start, end in bands:
             loader = [band_batches(ids, feats, start, end) for ids, feats in zip(docs, features) if len(ids) > start]
+            if not loader:  # no document reaches this band
+                print(f"{name}: no document reaches position {start}; band {start}-{end} left out", flush=True)
+                continue
             row = {"head": name, "band": f"{start}-{min(end, max(map(len, docs)))}"}
             row |= teacher_forced_acceptance(head, target, loader, args.depths)
             print(json.dumps(row), flush=True)

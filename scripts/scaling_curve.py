@@ -15,6 +15,7 @@ head's d-th chained guess equals the target's token, given the d-1 before it wer
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from functools import partial
 from pathlib import Path
@@ -73,6 +74,14 @@ def category_rows(sources: list[int], records: list[dict], category: dict[str, s
     for row, source in enumerate(sources):
         groups.setdefault(category[records[source]["id"]], []).append(row)
     return groups
+
+
+def cached_row(path: Path, setting: dict) -> dict | None:
+    """A checkpoint's acceptance measured earlier with the same answers, groups and depths (else None: measure)."""
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    if cached.get("measured_with") != setting:
+        return None
+    return {key: value for key, value in cached.items() if key != "measured_with"}
 
 
 def checkpoint_head(cfg, target, checkpoint: Path, out: Path) -> torch.nn.Module:
@@ -136,6 +145,13 @@ def main() -> None:
         prompts = [json.loads(x) for x in Path(args.categories).read_text().splitlines() if x.strip()]
         groups.update(category_rows(list(dataset["source"]), records, {p["id"]: p["category"] for p in prompts}))
 
+    # what a cached measurement must have been made with: the same answers, groups and depths
+    setting = {
+        "data_sha256": hashlib.sha256(Path(args.data).read_bytes()).hexdigest(),
+        "groups": {name: len(rows) for name, rows in groups.items()},
+        "depths": args.depths,
+    }
+
     def measure(head, row: dict) -> dict:
         for name, indices in groups.items():
             loader = DataLoader(dataset.select(indices), batch_size=4, collate_fn=merge)
@@ -152,13 +168,13 @@ def main() -> None:
         step = read_step(checkpoint)
         seen, trained = steps[step - 1]
         folder = run / "curve" / f"step-{step}"
-        measured = folder / f"acceptance-{Path(args.data).stem}.json"  # a checkpoint is measured once per data file
-        if measured.is_file():  # its acceptance, with the token counts of this replay
-            rows.append(json.loads(measured.read_text()) | {"target_tokens": seen, "loss_tokens": trained})
+        measured = folder / f"acceptance-{Path(args.data).stem}.json"  # a checkpoint is measured once per setting
+        if (cached := cached_row(measured, setting)) is not None:  # with the token counts of this replay
+            rows.append(cached | {"target_tokens": seen, "loss_tokens": trained})
             continue
         head = checkpoint_head(cfg, target, checkpoint, folder)
         rows.append(measure(head, {"step": step, "target_tokens": seen, "loss_tokens": trained}))
-        measured.write_text(json.dumps(rows[-1]))
+        measured.write_text(json.dumps(rows[-1] | {"measured_with": setting}))
     rows = offset_tokens(rows, args.base_tokens)
     compare = (args.compare[0], json.loads(Path(args.compare[1]).read_text())) if args.compare else None
     write_outputs(rows, list(groups), args.depths, Path(args.out), (args.label or run.name, compare))

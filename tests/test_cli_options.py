@@ -88,3 +88,44 @@ def test_cache_features_options_reach_the_split_the_shards_and_the_batches(tiny_
         assert (meta["data"]["format"], meta["data"]["eval_fraction"]) == ("sharegpt", 0.25)
         assert len(list((out / split).glob("*.safetensors"))) == shards
         assert len(CachedFeatureDataset(out / split)) == samples
+
+
+@pytest.mark.parametrize(
+    "command, argv, message",
+    [
+        ("data", ["generate", "--prompts", "p.jsonl", "--out", "o.jsonl", "--device", "cuda:7"], "--device: 'cuda:7'"),
+        ("data", ["cache-features", "--data", "d", "--out-dir", "o", "--device", "gpu"], "expected a device such as"),
+        ("data", ["cache-features", "--data", "d", "--out-dir", "o", "--eval-fraction", "2"], "in [0, 1)"),
+        (
+            "data",
+            ["cache-features", "--data", "d", "--out-dir", "o", "--topk", "0"],
+            "--topk: expected an integer >= 1",
+        ),
+        ("bench", ["--temperature=-1"], "--temperature: expected a number >= 0"),
+        ("bench", ["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1"),
+        ("bench", ["--per-category", "0"], "--per-category: expected an integer >= 1"),
+    ],
+)
+def test_bad_values_are_usage_errors_before_anything_loads(command, argv, message, capsys):
+    """Before: a traceback after the target loaded (--device), a silently inverted split (--eval-fraction 2 held
+    out 3 of 4 samples) or a run that reported nonsense (--temperature -1)."""
+    from specheads.bench.cli import bench_main
+    from specheads.training.data_cli import data_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        (data_main if command == "data" else bench_main)(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_data_commands_refuse_contradictory_or_foreign_input(tmp_path, capsys):
+    from specheads.training.data_cli import data_main
+
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    argv = ["cache-features", "--data", str(chats), "--out-dir", str(tmp_path / "cache"), "--no-logits", "--topk", "4"]
+    assert data_main(argv) == 2
+    assert "--no-logits stores no target distribution and --topk keeps its top k" in capsys.readouterr().err
+    argv = ["task-prompts", "--conversations", str(chats), "--out", str(tmp_path / "tasks.jsonl"), "--translate", "2"]
+    assert data_main(argv) == 2
+    assert "record 1 has no ShareGPT id and conversations (found ['messages'])" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.arg_types import non_negative_float, positive_int
 from specheads.bench.calibration import (
     DEFAULT_CALIBRATION_DATA,
     calibration_data_file,
@@ -53,7 +54,7 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -
     p = parser.add_argument_group("what is measured")
     p.add_argument("--target", default=d.target, help="target model (built-in name, directory, .gguf, Hub id)")
     p.add_argument("--questions", default=None, help="Spec-Bench question.jsonl (default: data/spec_bench/)")
-    p.add_argument("--per-category", type=int, default=d.per_category, help="questions per category")
+    p.add_argument("--per-category", type=positive_int, default=d.per_category, help="questions per category")
     p.add_argument(
         "--repeats",
         type=int,
@@ -61,8 +62,8 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -
         help="run each (prompt, method) N times, interleaved, and report the median time (noisy machines)",
     )
     p.add_argument("--categories", nargs="*", default=[], help="only these categories (mt_bench, translation, ...)")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (lossless check)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens)
+    p.add_argument("--temperature", type=non_negative_float, default=d.temperature, help="0 = greedy (lossless check)")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (T>0)")
     p.add_argument("--device", default=d.device, help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
     p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])

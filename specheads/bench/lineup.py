@@ -160,15 +160,15 @@ def _head_methods(
         branch = with_lookup_branch(spec, settings.lookup_branch)
         what_branch = f"{what} + lookup"
         methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, what_branch, kernels, curve))
-    if settings.drafter_window and spec.drafter is not None and head.head_type != "eagle":
-        print(
-            f"note: --drafter-window adds no method for {head_arg}: it cuts an EAGLE drafter's cache", file=sys.stderr
-        )
-    elif settings.drafter_window and spec.drafter is not None:
-        window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
-        cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto)
-        windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"
-        methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, kernels, curve))
+    if settings.drafter_window and spec.drafter is not None:
+        if head.head_type == "eagle":
+            window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
+            cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto)
+            windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"
+            methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, kernels, curve))
+        else:
+            note = f"note: --drafter-window adds no method for {head_arg}: it cuts an EAGLE drafter's cache"
+            print(note, file=sys.stderr)
     priced: dict[int, int | None] = {}  # lookup-branch size -> solo n-gram length, priced with an auto tree
     if settings.lookup_solo is not None and spec.drafter is not None:  # no head tree: +lookup is the chain alone
         solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)

@@ -138,7 +138,7 @@ def exported_engines(folder: Path) -> tuple[str, ...]:
         return ()
     if SGLANG_EAGLE1_ARCHITECTURE in (raw.get("architectures") or ()):
         return ("sglang",)
-    if not is_eagle3_checkpoint(raw) and exported_method(raw)[0] in ("eagle", "medusa"):
+    if exported_method(raw)[0] in ("eagle", "medusa"):  # an EAGLE-3 checkpoint reads as "eagle3"
         return ("vllm",)
     recorded = recorded_engine(folder)
     return tuple(sorted(SHARED_LAYOUT_ENGINES, key=lambda engine: engine != recorded))

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
+ABANDONED_PREFIX = "abandoned-"
 STATE_FILE = CHECKPOINT_STATE_NAME
 CONFIG_FILE = "train_config.yaml"
 RANK_STATE = "rank_state_{rank}.json"
@@ -102,10 +103,13 @@ def save_checkpoint(
     if accelerator.is_main_process:
         (tmp / CONFIG_FILE).write_text(config_yaml)
         _fsync_tree(tmp)  # every file on disk before the marker: a power loss cannot leave a "complete" half
-        _write_json_durably(tmp / STATE_FILE, {"step": step, "data_digest": data_digest})
+        files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+        state = {"step": step, "data_digest": data_digest, "num_processes": accelerator.num_processes, "files": files}
+        _write_json_durably(tmp / STATE_FILE, state)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        set_aside_later_checkpoints(root, step)
         _fsync_dir(root)
         prune_checkpoints(root, keep_last)
     accelerator.wait_for_everyone()
@@ -205,6 +209,17 @@ def _load_weights_checked(models: list[torch.nn.Module], input_dir: str) -> None
                 "that wrote it, or start a new run."
             )
     models.clear()  # loaded here: Accelerate must not load them again
+
+
+def set_aside_later_checkpoints(root: Path, step: int) -> None:
+    """Checkpoints of later steps than the one just saved are from before a resume to an earlier one (the newer were
+    damaged, or an older one was named): renamed ``abandoned-step-N``, they are neither pruned in place of this
+    run's own saves nor resumed by ``auto``, and stay on disk for whoever wants what still reads in them."""
+    for later in [c for c in completed_checkpoints(root.parent) if read_step(c) > step]:
+        aside = later.with_name(f"{ABANDONED_PREFIX}{later.name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(later, aside)
+        logger.warning("%s is from before this run resumed at an earlier step: renamed %s", later, aside.name)
 
 
 def prune_checkpoints(root: Path, keep_last: int) -> None:

@@ -8,12 +8,15 @@ which the run says in a warning.
 
 from __future__ import annotations
 
+import json
 import logging
 import zipfile
+from fnmatch import fnmatch
 from pathlib import Path
 
 import safetensors.torch
 
+from specheads.heads.base import CHECKPOINT_STATE_NAME
 from specheads.training.config import ConfigError
 
 logger = logging.getLogger("specheads.training.checkpoint")
@@ -24,11 +27,23 @@ EXACTNESS_FILES = ("random_states_*.pkl", "sampler*.bin")
 """What a resume can go on without, no longer exactly: the random generators' and the data sampler's state."""
 
 
-def damaged_files(checkpoint: Path, patterns: tuple[str, ...]) -> list[str]:
-    """``FILE is damaged (why)`` for each file under ``patterns`` in ``checkpoint`` that does not read back whole.
-    Torch's files are zip archives whose CRCs cover every byte; a safetensors file reads all its tensors."""
-    found = []
-    for path in sorted(p for pattern in patterns for p in checkpoint.glob(pattern) if p.is_file()):
+def needed_damage(checkpoint: Path) -> list[str]:
+    """What is wrong with the files a resume cannot go on without (``NEEDED_FILES``, and every file the checkpoint
+    recorded writing outside ``EXACTNESS_FILES``: FSDP and DeepSpeed write folders of their own)."""
+    return damaged_files(checkpoint, NEEDED_FILES, exactness=False)
+
+
+def exactness_damage(checkpoint: Path) -> list[str]:
+    """What is wrong with the random and data-sampler states (``EXACTNESS_FILES``)."""
+    return damaged_files(checkpoint, EXACTNESS_FILES, exactness=True)
+
+
+def damaged_files(checkpoint: Path, patterns: tuple[str, ...], exactness: bool) -> list[str]:
+    """``FILE is missing`` or ``FILE is damaged (why)`` for each file of one kind in ``checkpoint``: a recorded file
+    that is gone or another size than written, and a file under ``patterns`` that does not read back whole (torch's
+    files are zip archives whose CRCs cover every byte; a safetensors file reads all its tensors)."""
+    found = _against_record(checkpoint, exactness)
+    for path in sorted({p for pattern in patterns for p in checkpoint.glob(pattern) if p.is_file()} - set(found)):
         try:
             if path.suffix == ".safetensors":
                 safetensors.torch.load_file(str(path))
@@ -37,7 +52,28 @@ def damaged_files(checkpoint: Path, patterns: tuple[str, ...]) -> list[str]:
                     if bad := archive.testzip():
                         raise zipfile.BadZipFile(f"member {bad} fails its CRC check")
         except Exception as err:  # noqa: BLE001 - each reader has its own error types for a corrupt file
-            found.append(f"{path} is damaged ({type(err).__name__}: {(str(err).splitlines() or [''])[0]})")
+            found[path] = f"{path} is damaged ({type(err).__name__}: {(str(err).splitlines() or [''])[0]})"
+    return list(found.values())
+
+
+def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
+    """The files of one kind the checkpoint records writing (the random and sampler states, or everything else a
+    resume reads) that are gone or another size than written; none for a checkpoint from before the record."""
+    try:
+        recorded = json.loads((checkpoint / CHECKPOINT_STATE_NAME).read_text()).get("files") or {}
+    except (OSError, ValueError):
+        return {}  # read_step names a missing or unreadable state file
+    found = {}
+    for name, size in recorded.items():
+        if fnmatch(name, "rank_state_*.json") or name == "train_config.yaml":
+            continue  # the logging window and the config: each read with its own warning
+        if any(fnmatch(name, pattern) for pattern in EXACTNESS_FILES) != exactness:
+            continue
+        path = checkpoint / name
+        if not path.is_file():
+            found[path] = f"{path} is missing"
+        elif path.stat().st_size != size:
+            found[path] = f"{path} is damaged ({path.stat().st_size} bytes, written as {size})"
     return found
 
 
@@ -46,7 +82,7 @@ def newest_intact(found: list[Path]) -> Path:
     warning that names its file. None intact is an error: starting over would discard the run silently."""
     problems = []
     for checkpoint in reversed(found):
-        damage = damaged_files(checkpoint, NEEDED_FILES)
+        damage = needed_damage(checkpoint)
         if not damage:
             if problems:
                 logger.warning("resuming from %s instead, the newest complete checkpoint", checkpoint)
@@ -60,7 +96,7 @@ def newest_intact(found: list[Path]) -> Path:
 
 
 def warn_if_inexact(checkpoint: Path) -> Path:
-    if damage := damaged_files(checkpoint, EXACTNESS_FILES):
+    if damage := exactness_damage(checkpoint):
         logger.warning(
             "resuming from %s will not be exact: %s; training goes on from its weights and optimizer state with "
             "fresh random and data-order state, so it will not reproduce an uninterrupted run",

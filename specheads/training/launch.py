@@ -12,6 +12,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, parse_flag_from_env
 
+from specheads.training.config import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
@@ -33,17 +35,33 @@ def resolve_mixed_precision(setting: str) -> str:
     return setting
 
 
-def sync_deepspeed_clipping(config: dict[str, Any], max_grad_norm: float) -> None:
-    """DeepSpeed clips inside its engine with the JSON's ``gradient_clipping``; Accelerate fills an ``auto`` there with
-    1.0, whatever ``train.max_grad_norm`` says. Put ``train.max_grad_norm`` there instead (0 = no clipping, as in
-    DeepSpeed), and refuse a JSON that sets another value."""
-    clipping = config.get("gradient_clipping", "auto")
-    if clipping == "auto":
-        config["gradient_clipping"] = float(max_grad_norm)
-    elif float(clipping) != float(max_grad_norm):
-        raise ValueError(
-            f"the DeepSpeed config sets gradient_clipping={clipping} but train.max_grad_norm={max_grad_norm}; set "
-            'gradient_clipping to "auto" in the JSON (it then follows train.max_grad_norm) or make them equal'
+def sync_deepspeed_config(config: dict[str, Any], max_grad_norm: float, grad_accum: int) -> None:
+    """DeepSpeed clips and accumulates inside its engine, with the JSON's ``gradient_clipping`` and
+    ``gradient_accumulation_steps``; Accelerate fills an ``auto`` clipping with 1.0 and lets a set accumulation count
+    override ``train.grad_accum`` with only a warning (each micro-batch would then be an optimizer step). Put
+    ``train.max_grad_norm`` (0 = no clipping, as in DeepSpeed) and ``train.grad_accum`` where they are ``auto``, and
+    refuse a config that sets other values."""
+    for key, value in (("gradient_clipping", float(max_grad_norm)), ("gradient_accumulation_steps", int(grad_accum))):
+        setting = {"gradient_clipping": "train.max_grad_norm", "gradient_accumulation_steps": "train.grad_accum"}[key]
+        given = config.get(key, "auto")
+        if given == "auto":
+            config[key] = value
+        elif type(value)(given) != value:
+            raise ConfigError(
+                f'the DeepSpeed config sets {key}={given} but {setting}={value}; set {key} to "auto" in the '
+                f"DeepSpeed JSON (it then follows {setting}) or make them equal (an `accelerate config` file's "
+                "deepspeed_config sets gradient_accumulation_steps too)"
+            )
+
+
+def check_accumulation(accelerator: Accelerator, grad_accum: int) -> None:
+    """After ``prepare``: the launch accumulates ``train.grad_accum`` micro-batches per step. An engine that kept a
+    count of its own would step the optimizer and the schedule on other micro-batches than the loop's rounds."""
+    if accelerator.gradient_accumulation_steps != grad_accum:
+        raise ConfigError(
+            f"the launch accumulates {accelerator.gradient_accumulation_steps} micro-batches per optimizer step but "
+            f'train.grad_accum={grad_accum}; set the launch config\'s gradient_accumulation_steps to "auto" or to '
+            "train.grad_accum"
         )
 
 

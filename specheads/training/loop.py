@@ -52,16 +52,23 @@ from specheads.training.feature_cache import (
 )
 from specheads.training.features import FeatureSource
 from specheads.training.launch import (
+    check_accumulation,
     check_world,
     cpu_processes,
     launch_device,
     process_group_kwargs,
-    sync_deepspeed_clipping,
+    sync_deepspeed_config,
 )
 from specheads.training.losses import Stats, add_stats
 from specheads.training.metrics import Throughput, bar_fields, evaluate, reduce_stats, weights_checksum, with_tau
 from specheads.training.objective import build_objective
-from specheads.training.resume import check_resume_config, check_resume_data, data_digest, resolve_resume
+from specheads.training.resume import (
+    check_resume_config,
+    check_resume_data,
+    check_resume_world,
+    data_digest,
+    resolve_resume,
+)
 from specheads.training.run_setup import (
     build_head,
     check_before_loading,
@@ -159,6 +166,8 @@ def _prepare(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTra
             raise TargetLoadError(reason)
     target_was_training = target.training
     accelerator = _accelerator(cfg, precision, log_with)
+    if resume_from is not None:
+        check_resume_world(resume_from, accelerator.num_processes)
     target.to(accelerator.device)
     with accelerator.main_process_first():
         train_ds, eval_ds, merge = datasets(cfg, tokenizer)
@@ -182,10 +191,11 @@ def _prepare(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTra
     train_loader, eval_loader = loaders(cfg, train_ds, eval_ds, merge)
     groups, optimizer, scheduler = optimizer_and_scheduler(cfg, objective, accelerator.num_processes)
     if accelerator.state.deepspeed_plugin is not None:
-        sync_deepspeed_clipping(accelerator.state.deepspeed_plugin.deepspeed_config, tc.max_grad_norm)
+        sync_deepspeed_config(accelerator.state.deepspeed_plugin.deepspeed_config, tc.max_grad_norm, tc.grad_accum)
     objective, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
         objective, optimizer, train_loader, eval_loader, scheduler
     )
+    check_accumulation(accelerator, tc.grad_accum)
     return _Run(
         accelerator, objective, optimizer, scheduler, train_loader, eval_loader, features,
         list(objective.parameters()), len(groups) > 1, target, target_was_training, resume_from, digest,

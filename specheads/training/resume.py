@@ -23,7 +23,7 @@ from specheads.training.checkpoint import (
     completed_checkpoints,
     latest_checkpoint,
 )
-from specheads.training.checkpoint_damage import NEEDED_FILES, damaged_files, newest_intact, warn_if_inexact
+from specheads.training.checkpoint_damage import needed_damage, newest_intact, warn_if_inexact
 from specheads.training.config import ConfigError, TrainConfig
 from specheads.training.tracking import flatten
 
@@ -52,6 +52,10 @@ RESUME_MAY_CHANGE = frozenset(
 """Settings a resumed run may change: how long it runs and when and where it logs, evaluates and saves. Every other
 setting is either restored by the checkpoint (optimizer and scheduler state, data order) or defines what the run
 learns (head, loss, data, features, target), so changing it on resume is an error rather than silently ignored."""
+
+
+LENGTH_FREE_SCHEDULES = frozenset({"constant", "constant_with_warmup", "inverse_sqrt"})
+"""Schedules whose learning rate at a step does not depend on ``train.max_steps``."""
 
 
 def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
@@ -105,7 +109,7 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
                 f"from a checkpoint of {output_dir}."
             )
         _refuse_overwriting_a_head(output_dir, f"train.resume={resume} continues another run's checkpoint here")
-    if damage := damaged_files(path, NEEDED_FILES):
+    if damage := needed_damage(path):
         raise ConfigError(
             f"train.resume={resume}: {damage[0]}; expected a complete checkpoint. Resume from an earlier checkpoint "
             f"of the run (train.resume=auto takes the newest complete one) or start a new run."
@@ -148,6 +152,12 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
     ]
     if now["train.max_steps"] < saved["train.max_steps"]:
         changed.append(f"train.max_steps: {saved['train.max_steps']} -> {now['train.max_steps']} (it may only grow)")
+    elif now["train.max_steps"] > saved["train.max_steps"] and now["train.scheduler"] not in LENGTH_FREE_SCHEDULES:
+        logger.warning(
+            "train.max_steps grows %d -> %d under train.scheduler=%s: the schedule is recomputed for the new length "
+            "at the restored step, so the learning rate jumps up at the resume (a constant schedule does not)",
+            saved["train.max_steps"], now["train.max_steps"], now["train.scheduler"],
+        )  # fmt: skip
     if changed:
         raise ConfigError(
             f"resuming from {checkpoint} with settings that differ from the run that wrote it ({'; '.join(changed)}); "
@@ -194,6 +204,18 @@ def check_resume_data(checkpoint: str | os.PathLike, digest: str) -> None:
             "drawn for the old data, so held-out samples could now be trained on. Resume with the data it was made "
             "with, or start a new run on the new data (another train.output_dir; head.init_from=... keeps the "
             "trained weights)."
+        )
+
+
+def check_resume_world(checkpoint: str | os.PathLike, num_processes: int) -> None:
+    """Refuse to resume with another number of processes than wrote ``checkpoint``: its schedule counts one tick per
+    process per step and its data position is per process, so the learning rate and the samples would jump."""
+    saved = json.loads((Path(checkpoint) / STATE_FILE).read_text()).get("num_processes")
+    if saved is not None and saved != num_processes:
+        raise ConfigError(
+            f"resuming from {checkpoint} with {num_processes} processes, but a launch of {saved} wrote it: its "
+            "learning-rate schedule and data position are counted for that many, so both would jump. Resume with "
+            f"{saved} processes (accelerate launch --num_processes {saved}), or start a new run."
         )
 
 

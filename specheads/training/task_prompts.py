@@ -131,7 +131,13 @@ def make_task_prompts(
     if unknown:
         raise DataError(f"unknown task(s) {unknown}; expected some of {TASKS}")
     found: dict[str, list[dict[str, str]]] = {task: [] for task in TASKS}
-    for conversation in conversations:
+    for number, conversation in enumerate(conversations, 1):
+        if not isinstance(conversation, dict) or not {"id", "conversations"} <= conversation.keys():
+            found_keys = sorted(conversation) if isinstance(conversation, dict) else type(conversation).__name__
+            raise DataError(
+                f"record {number} has no ShareGPT id and conversations (found {found_keys}); expected a file "
+                "written by `specheads data sharegpt`"
+            )
         passages = []
         for task, prompt_id, prompt in candidates(conversation):
             record = {"id": prompt_id, "prompt": prompt, "task": task}

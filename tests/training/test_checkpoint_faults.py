@@ -3,6 +3,7 @@ and damage that only costs exactness (random or sampler state) is a warning. Doc
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from specheads.training.checkpoint import checkpoint_root, completed_checkpoints
-from specheads.training.checkpoint_damage import EXACTNESS_FILES, NEEDED_FILES, damaged_files
+from specheads.training.checkpoint_damage import exactness_damage, needed_damage
 from specheads.training.config import ConfigError, load_config
 from specheads.training.loop import train
 from specheads.training.resume import resolve_resume
@@ -22,7 +23,8 @@ MEDUSA = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
 
 
 def _train(target: Path, chats: Path, out: Path, **changes: object):
-    overrides = tiny_overrides(target, chats, out, max_steps=3, batch_size=2, save_every=1, keep_last=3, **changes)
+    settings = dict(max_steps=3, batch_size=2, save_every=1, keep_last=3) | changes
+    overrides = tiny_overrides(target, chats, out, **settings)
     return train(load_config(MEDUSA, ["data.max_samples=16", "head.options.num_heads=1", *overrides]))
 
 
@@ -88,5 +90,48 @@ def test_no_complete_checkpoint_left_is_an_error_naming_each_damaged_file(runs):
 
 def test_an_intact_checkpoint_has_no_damaged_files(runs):
     newest = completed_checkpoints(runs["stopped"])[-1]
-    assert damaged_files(newest, NEEDED_FILES) == [] and damaged_files(newest, EXACTNESS_FILES) == []
+    assert needed_damage(newest) == [] and exactness_damage(newest) == []
     assert {p.name for p in newest.iterdir()} >= {"model.safetensors", "optimizer.bin", "random_states_0.pkl"}
+
+
+def test_a_missing_file_falls_back_like_a_damaged_one(runs, tiny_target_dir, small_chat_file, caplog):
+    """Before: only files present were checked, so a checkpoint without its optimizer.bin counted as intact and the
+    resume failed instead of falling back. Checkpoints record what they wrote (any engine's layout)."""
+    out = _copy(runs, "missing-optimizer")
+    newest = checkpoint_root(out) / "step-00000002"
+    recorded = json.loads((newest / "trainer_state.json").read_text())
+    assert recorded["num_processes"] == 1 and recorded["files"]["optimizer.bin"] > 0
+    (newest / "optimizer.bin").unlink()
+    with pytest.raises(ConfigError, match=rf"train.resume={newest}: {newest / 'optimizer.bin'} is missing"):
+        resolve_resume(str(newest), out)
+    caplog.set_level(logging.WARNING)
+    assert resolve_resume("auto", out) == checkpoint_root(out) / "step-00000001"
+    assert any(f"{newest / 'optimizer.bin'} is missing" in r.getMessage() for r in caplog.records)
+
+
+def test_after_a_fallback_the_newer_checkpoint_is_set_aside_not_kept_in_place_of_the_runs_saves(
+    runs, tiny_target_dir, small_chat_file
+):
+    """Before: pruning ranked by step, so a damaged newer checkpoint outlived the resumed run's own saves: with
+    keep_last=1 each save deleted the one before it, and the next resume found nothing whole."""
+    out = runs["root"] / "set-aside"
+    shutil.copytree(runs["whole"], out)
+    shutil.rmtree(checkpoint_root(out) / "step-00000002")  # steps 1 and 3 left; 3 is damaged
+    _truncate(checkpoint_root(out) / "step-00000003" / "model.safetensors")
+    resumed = _train(tiny_target_dir, small_chat_file, out, resume="auto", keep_last=1)  # from step 1, saves 2 and 3
+    assert resumed.finished and resumed.step == 3
+    assert [p.name for p in completed_checkpoints(out)] == ["step-00000003"]
+    assert needed_damage(checkpoint_root(out) / "step-00000003") == []  # the resumed run's own save
+    assert (checkpoint_root(out) / "abandoned-step-00000003" / "model.safetensors").is_file()  # kept, not resumed
+    whole, again = load_file(str(runs["whole"] / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(whole[name], again[name]) for name in whole)
+
+
+def test_a_resume_with_another_number_of_processes_is_refused(runs, tiny_target_dir, small_chat_file):
+    """Before: a 2-process checkpoint resumed on 1 process read its schedule (ticked once per process per step) as
+    twice as far along, and skipped to another data position, without a word."""
+    out = _copy(runs, "other-world")
+    state_file = checkpoint_root(out) / "step-00000002" / "trainer_state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "num_processes": 2}))
+    with pytest.raises(ConfigError, match=r"with 1 processes, but a launch of 2 wrote it.*--num_processes 2"):
+        _train(tiny_target_dir, small_chat_file, out, resume="auto")

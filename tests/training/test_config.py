@@ -162,17 +162,36 @@ def test_cli_reports_config_errors(capsys):
     assert "unknown key 'train.nope'" in capsys.readouterr().err
 
 
-def test_deepspeed_clipping_follows_train_max_grad_norm():
-    """Accelerate fills a DeepSpeed ``"gradient_clipping": "auto"`` with 1.0; training puts its own value there first
-    (the ZeRO-2 launch test checks the engine got it) and refuses a JSON value that disagrees."""
-    from specheads.training.launch import sync_deepspeed_clipping
+def test_deepspeed_clipping_and_accumulation_follow_the_training_config():
+    """Accelerate fills a DeepSpeed ``"gradient_clipping": "auto"`` with 1.0 and lets a set
+    ``gradient_accumulation_steps`` (an `accelerate config` file writes 1) override ``train.grad_accum``, so every
+    micro-batch stepped the optimizer and the schedule. Training puts its own values where the JSON says ``auto``
+    (the ZeRO-2 launch test checks the engine got them) and refuses values that disagree."""
+    from specheads.training.launch import sync_deepspeed_config
 
     config = json.loads((CONFIGS / "deepspeed" / "zero2.json").read_text())
-    sync_deepspeed_clipping(config, 0.5)
-    assert config["gradient_clipping"] == 0.5
-    sync_deepspeed_clipping(config, 0.5)  # an explicit equal value is fine
-    with pytest.raises(ValueError, match=r"gradient_clipping=0.5 but train.max_grad_norm=1.0.*\"auto\""):
-        sync_deepspeed_clipping(config, 1.0)
+    sync_deepspeed_config(config, 0.5, 4)
+    assert config["gradient_clipping"] == 0.5 and config["gradient_accumulation_steps"] == 4
+    sync_deepspeed_config(config, 0.5, 4)  # explicit equal values are fine
+    with pytest.raises(ConfigError, match=r"gradient_clipping=0.5 but train.max_grad_norm=1.0.*\"auto\""):
+        sync_deepspeed_config(config, 1.0, 4)
+    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps=1 but train.grad_accum=4.*\"auto\""):
+        sync_deepspeed_config({"gradient_accumulation_steps": 1}, 1.0, 4)
+
+
+def test_loss_settings_another_heads_objective_reads_are_refused():
+    """Before: ``loss.input_noise`` on an EAGLE-3 head or ``loss.ttt_steps`` on Medusa trained as if unset."""
+    with pytest.raises(
+        ConfigError, match=r"loss.input_noise=0.5 is read only by the eagle1 objective; .* trains eagle3"
+    ):
+        load_config(CONFIGS / "eagle1" / "smollm2-135m.yaml", ["head.options.version=3", "loss.input_noise=0.5"])
+    with pytest.raises(ConfigError, match=r"loss.ttt_steps=3 is read only by the eagle3 objective; .* trains medusa"):
+        load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["loss.ttt_steps=3"])
+    with pytest.raises(ConfigError, match=r"loss.decay=0.5 is read only by the eagle3 and medusa objectives"):
+        load_config(CONFIGS / "draft_model" / "smollm2-135m.yaml", ["loss.decay=0.5"])
+    for head in ("medusa", "medusa2", "eagle1", "eagle3", "draft_model"):  # what each shipped config sets is read
+        load_config(CONFIGS / head / "smollm2-135m.yaml")
+    load_config(CONFIGS / "medusa" / "smollm2-135m.yaml", ["loss.ttt_steps=7"])  # a default is no setting
 
 
 @pytest.mark.parametrize(
@@ -244,6 +263,8 @@ def test_override_errors_name_the_override_not_the_file(override, expected):
         ("data.max_samples=0", r"data.max_samples must be >= 1 \(or unset\), found 0"),
         ("data.max_length=-5", r"data.max_length must be >= 1 \(tokens per sample\), found -5"),
         ("data.eval_size=-1", r"data.eval_size must be >= 0 .*found -1"),
+        ("data.num_proc=0", r"data.num_proc must be >= 1 \(or unset\), found 0"),
+        ("data.format=sharegtp", r"data.format='sharegtp' is not valid; expected one of \['auto', 'sharegpt'"),
         ("loss.feature_weight=-1", r"loss.feature_weight must be >= 0 \(a negative weight maximises its loss\)"),
         ("lora.distill_weight=-0.5", r"lora.distill_weight must be >= 0"),
         ("lora.alpha=0", r"lora.alpha must be > 0 .*at 0 they never train"),
@@ -394,3 +415,22 @@ def test_a_missing_data_file_is_said_before_the_target_loads(tmp_path, monkeypat
     overrides = tiny_overrides(tmp_path / "target", missing, tmp_path / "run")
     assert train_main(["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), *overrides]) == 2
     assert f"data file not found: {missing}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheduler, warned", [("cosine", True), ("constant_with_warmup", False)])
+def test_growing_max_steps_on_resume_warns_where_the_schedule_stretches(tmp_path, caplog, scheduler, warned):
+    """A decaying schedule is rebuilt for the new length at the restored step, so its learning rate jumps up."""
+    import logging
+
+    from specheads.training.config import to_yaml
+    from specheads.training.resume import check_resume_config
+
+    config = CONFIGS / "eagle3" / "smollm2-135m.yaml"
+    saved = load_config(config, ["train.max_steps=100", f"train.scheduler={scheduler}"])
+    (tmp_path / "train_config.yaml").write_text(to_yaml(saved))
+    caplog.set_level(logging.WARNING)
+    check_resume_config(tmp_path, to_yaml(load_config(config, ["train.max_steps=200", f"train.scheduler={scheduler}"])))
+    said = [r.getMessage() for r in caplog.records if "learning rate jumps up" in r.getMessage()]
+    assert bool(said) == warned, said
+    if warned:
+        assert "train.max_steps grows 100 -> 200 under train.scheduler=cosine" in said[0]

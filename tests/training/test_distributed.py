@@ -402,3 +402,26 @@ def test_a_hung_rank_ends_the_launch_after_dist_timeout_s(tiny_target_dir, small
     assert "Timed out waiting 5000ms" in done.stderr, done.stderr[-4000:]  # gloo's words, for the configured 5 s
     assert waited < 240, f"the launch took {waited:.0f} s to fail: the timeout did not end it"
     assert not (tmp_path / "rank0.json").exists()  # rank 0 did not finish training alone
+
+
+def test_a_deepspeed_launch_that_sets_its_own_accumulation_is_refused(tiny_target_dir, small_chat_file, tmp_path):
+    """An `accelerate config` file's deepspeed_config writes gradient_accumulation_steps: 1, which Accelerate let
+    override train.grad_accum with a warning: each micro-batch became an optimizer and schedule step. Refused now."""
+    launch = tmp_path / "deepspeed-own-accumulation.yaml"
+    launch.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\ndeepspeed_config:\n"
+        "  gradient_accumulation_steps: 1\n  zero_stage: 2\n  offload_optimizer_device: none\n"
+        "  offload_param_device: none\n  zero3_init_flag: false\nnum_processes: 1\nnum_machines: 1\n"
+        "machine_rank: 0\nmixed_precision: 'no'\n"
+    )
+    overrides = tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "run", max_steps=2, batch_size=2)
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(launch),
+        "--main_process_port", str(_free_port()), str(REPO / "tests" / "training" / "launch_train.py"),
+        str(REPO / "configs" / "medusa" / "smollm2-135m.yaml"), str(tmp_path), *overrides, "train.grad_accum=2",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert "gradient_accumulation_steps=1 but train.grad_accum=2" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "rank0.json").exists()

@@ -76,3 +76,18 @@ def test_an_answer_past_max_length_is_left_out_and_the_categories_stay_aligned(t
     groups = script.category_rows(list(dataset["source"]), records, {"0": "chat", "1": "summary", "2": "qa"})
     assert groups == {"chat": [0], "qa": [1]}
     assert "how are you" in tokenizer.decode(dataset[groups["qa"][0]]["input_ids"])  # the third answer's own row
+
+
+def test_a_cached_measurement_is_reused_only_for_the_same_answers_groups_and_depths(tmp_path):
+    """Before: the cache was keyed on the answers file's name only, so a rerun with --categories or more --depths
+    read rows without those keys and failed writing the table (KeyError)."""
+    script = load_script("scaling_curve.py")
+    setting = {"data_sha256": "ab", "groups": {"all": 24}, "depths": 3}
+    path = tmp_path / "acceptance-specbench.json"
+    assert script.cached_row(path, setting) is None  # nothing measured yet
+    path.write_text(json.dumps(rows(0.5)[0] | {"measured_with": setting}))
+    assert script.cached_row(path, setting) == rows(0.5)[0]
+    for changed in ({"groups": {"all": 24, "qa": 4}}, {"depths": 4}, {"data_sha256": "cd"}):
+        assert script.cached_row(path, setting | changed) is None
+    path.write_text(json.dumps(rows(0.5)[0]))  # written before measurements recorded their setting
+    assert script.cached_row(path, setting) is None
