@@ -132,9 +132,8 @@ def hf_method(
     ``kernels``: run the target and the assistant under the CPU kernel choice specheads' methods verify with
     (``specheads.decoding.tuning.cpu_kernels.SmallBatchLinear``: measured per machine; no effect on GPU or in bf16),
     so that a comparison with them measures the drafting, not the matrix kernel. On a CPU whose BLAS is slow for a
-    few rows, transformers' multi-token forwards would
-    otherwise pay what specheads' do not. Plain ``generate`` forwards one row per step and is not affected past its
-    prefill."""
+    few rows, transformers' multi-token forwards would otherwise pay what specheads' do not; on one whose one-row
+    kernel is the slow one, plain ``generate`` (one row per step) would."""
 
     def run(input_ids: torch.Tensor, max_new_tokens: int, temperature: float, seed: int) -> MethodRun:
         config = generation_config_for(target, max_new_tokens, temperature)

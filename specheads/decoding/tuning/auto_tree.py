@@ -52,7 +52,7 @@ from specheads.decoding.tuning.cost_model import (
 )
 from specheads.target import cache_root
 
-AUTO_TREE_VERSION = 2  # bump when what a cached choice means changes
+AUTO_TREE_VERSION = 3  # bump when what a cached choice means changes (3: costs with one-row products padded)
 CALIBRATION_TOKENS = 32
 BUILTIN_CALIBRATION_PROMPTS = (
     # One short request per kind of task a chat model gets (as Spec-Bench's categories), written for this purpose:

@@ -28,8 +28,8 @@ from specheads.decoding.verify import attention_layout, verify_tree
 logger = logging.getLogger(__name__)
 
 COST_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
-COST_CURVE_VERSION = 6  # bump when what is timed changes (2: swap kernel; 3: row-major; 4: sizes; 5: measured swap;
-# 6: grouped-query attention for masked forwards)
+COST_CURVE_VERSION = 7  # bump when what is timed changes (2: swap kernel; 3: row-major; 4: sizes; 5: measured swap;
+# 6: grouped-query attention for masked forwards; 7: one row measured as a padded product too)
 """Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
 
 

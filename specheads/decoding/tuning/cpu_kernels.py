@@ -3,15 +3,17 @@
 Verification feeds the target a handful of tokens at once (a tree of 2-64 nodes). On some CPUs, ``F.linear(x, W)``
 with 2-64 rows goes through a GEMM path that costs about twice a one-row forward, which erases most of what
 accepting several tokens per forward gains; the same product written as ``(W @ x.T).T`` takes another kernel that
-stays close to the one-row cost. On other CPUs the swap is slower (docs/results.md has both), so it is measured, not
-assumed: ``SmallBatchLinear`` times both formulations on the model's own weights, once per set of layer shapes and
-thread count, and only the row counts where the swap wins use it.
+stays close to the one-row cost. On some CPUs the one-row product itself (a matrix-vector kernel) is slower than the
+same product padded to two rows, which would handicap plain decoding (``generate`` included) against every
+multi-token method; so one row is a candidate too, computed as two. On other CPUs the swap is slower (docs/results.md
+has both), so it is measured, not assumed: ``SmallBatchLinear`` times both formulations on the model's own weights,
+once per set of layer shapes and thread count, and only the row counts where the swap wins use it.
 
 The caller opts in: ``SmallBatchLinear()`` is the ``kernels`` hook ``SpeculativeGenerator`` takes (and a context
 of its own, ``with kernels(model): ...``). Within the block it swaps that formulation into every ``nn.Linear`` of
 the models given, for CPU float32 inputs of those row counts only. The modeling code is untouched (the instance
 ``forward`` is replaced and then removed again); outputs agree with ``F.linear`` to float rounding, as two GEMM
-kernels do. Everything else (GPU, bf16, one row, long prefills) keeps the stock path.
+kernels do. Everything else (GPU, bf16, long prefills, gradients) keeps the stock path.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from torch import nn
 from specheads.decoding.tuning.cpu_attention import masked_gqa_attention
 
 MAX_ROWS = 64
-PADDED_ROWS = {3: 4}
-"""Row counts computed as a larger product: MKL's kernel for 3 columns is slower than for 4 on this machine (over
-60 distinct 1536x576 matrices, 2 threads: 2 rows 16.9 ms, 3 rows 24.2 ms, 4 rows 18.1 ms), so a zero row is added."""
+PADDED_ROWS = {1: 2, 3: 4}
+"""Row counts computed as a larger product, zero rows added: MKL's kernel for 3 columns is slower than for 4 (over 60
+distinct 1536x576 matrices, 2 threads: 2 rows 16.9 ms, 3 rows 24.2 ms, 4 rows 18.1 ms), and one column takes the
+matrix-vector kernel, slower than two on some CPUs (docs/results.md, "One-row products")."""
 
-ROW_BUCKETS = (2, 4, 8, 16, 32)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32)
 """Row counts timed by ``faster_row_counts``; a count between two is judged by the next one up, above the last the
 stock path is kept (from ~32 rows both formulations cost about the same everywhere measured)."""
 
@@ -43,7 +46,7 @@ SWAP_MARGIN = 0.9
 
 
 def faster_row_counts(model: nn.Module, max_rows: int = MAX_ROWS) -> frozenset[int]:
-    """The row counts 2..``max_rows`` for which ``(W @ x.T).T`` beats ``F.linear`` on this CPU for ``model``'s float32
+    """The row counts 1..``max_rows`` for which ``(W @ x.T).T`` beats ``F.linear`` on this CPU for ``model``'s float32
     CPU ``nn.Linear`` layers, timed now on a third of them (``SmallBatchLinear`` remembers what it measured)."""
     layers = _swappable_layers(model)
     return frozenset(r for r in _time_row_buckets(layers[::3]) if r <= max_rows) if layers else frozenset()
@@ -73,7 +76,7 @@ def _time_row_buckets(layers: list[nn.Linear], repeats: int = 2) -> frozenset[in
             if attempt:
                 best[rows, swap] = min(best[rows, swap], time.perf_counter() - start)
     winners = [rows for rows in ROW_BUCKETS if best[rows, True] < SWAP_MARGIN * best[rows, False]]
-    previous = dict(zip(ROW_BUCKETS, (1, *ROW_BUCKETS)))
+    previous = dict(zip(ROW_BUCKETS, (0, *ROW_BUCKETS)))
     return frozenset(n for rows in winners for n in range(previous[rows] + 1, rows + 1))
 
 
@@ -109,7 +112,7 @@ class SmallBatchLinear:
 
     def __init__(self, max_rows: int = MAX_ROWS, rows: Iterable[int] | None = None) -> None:
         self.max_rows = max_rows
-        self.rows = None if rows is None else frozenset(rows) - {0, 1}
+        self.rows = None if rows is None else frozenset(rows) - {0}
         self._measured: dict[tuple, frozenset[int]] = {}  # (threads, layer shapes) -> row counts to swap
         self._users: weakref.WeakKeyDictionary[nn.Linear, int] = weakref.WeakKeyDictionary()  # open blocks per layer
         self._lock = threading.Lock()
