@@ -39,13 +39,13 @@ def main() -> None:
     training_tokens = loss_tokens(train)
     bench, _ = build_datasets(DataConfig(paths=[args.data], max_length=cfg.data.max_length, eval_size=0), tokenizer)
     prompts = [json.loads(x) for x in Path(args.categories).read_text().splitlines() if x.strip()]
-    category = {prompt["id"]: prompt["category"] for prompt in prompts}
+    category = {str(prompt["id"]): prompt["category"] for prompt in prompts}  # data generate writes ids as text
     records = [json.loads(x) for x in Path(args.data).read_text().splitlines() if x.strip()]
     groups: dict[str, list[int]] = {}
     if len(bench) < len(records):
         print(f"{len(records) - len(bench)} of {len(records)} answers start past max_length: not counted")
     for tokens, source in zip(loss_tokens(bench), bench["source"], strict=True):  # rows shift past a dropped answer
-        groups.setdefault(category[records[source]["id"]], []).extend(tokens)
+        groups.setdefault(category[str(records[source]["id"])], []).extend(tokens)
     groups["all"] = [t for name in list(groups) for t in groups[name]]
     print(f"{len(training_tokens)} training records, {sum(map(len, training_tokens)):,} answer tokens; vocab {vocab}")
     print("| draft vocabulary | " + " | ".join(groups) + " |")

@@ -72,7 +72,7 @@ def category_rows(sources: list[int], records: list[dict], category: dict[str, s
     that fills ``max_length`` leaves no answer token and is dropped (as training drops it), so rows shift after it."""
     groups: dict[str, list[int]] = {}
     for row, source in enumerate(sources):
-        groups.setdefault(category[records[source]["id"]], []).append(row)
+        groups.setdefault(category[str(records[source]["id"])], []).append(row)
     return groups
 
 
@@ -143,7 +143,7 @@ def main() -> None:
     groups = {"all": list(range(len(dataset)))}
     if args.categories:
         prompts = [json.loads(x) for x in Path(args.categories).read_text().splitlines() if x.strip()]
-        groups.update(category_rows(list(dataset["source"]), records, {p["id"]: p["category"] for p in prompts}))
+        groups.update(category_rows(list(dataset["source"]), records, {str(p["id"]): p["category"] for p in prompts}))
 
     # what a cached measurement must have been made with: the same answers, groups and depths
     setting = {

@@ -189,8 +189,9 @@ def _kernel_note(config: dict[str, Any]) -> str:
     if rows:
         span = f"{rows[0]}-{rows[-1]}" if rows == list(range(rows[0], rows[-1] + 1)) else ", ".join(map(str, rows))
         note += (
-            f" Matrix products of {span} rows ran as `(W @ x.T).T` in every method, transformers' included (measured "
-            "faster than `F.linear` on this CPU: `specheads.decoding.tuning.cpu_kernels`)."
+            f" Matrix products of {span} rows ran as `(W @ x.T).T`{' (one row padded to two)' * (1 in rows)} in every "
+            "method, transformers' included (measured faster than `F.linear` on this CPU: "
+            "`specheads.decoding.tuning.cpu_kernels`)."
         )
     if config.get("cpu_gqa_attention"):
         note += (

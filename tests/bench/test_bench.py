@@ -50,7 +50,7 @@ def test_bench_end_to_end_on_smollm2(smollm2, tmp_path):
     loaded = json.loads(paths["json"].read_text())
     assert loaded["categories"] == ["mt_bench", "translation"]
     rows = loaded["config"]["cpu_kernel_rows"]  # what every method's few-row products ran with, as measured here
-    assert all(isinstance(n, int) and 2 <= n <= 64 for n in rows) and rows == sorted(rows)
+    assert all(isinstance(n, int) and 1 <= n <= 64 for n in rows) and rows == sorted(rows)
     assert list(loaded["results"]) == [
         "generate",
         "specheads-plain",
@@ -404,6 +404,7 @@ def test_report_header_says_which_rows_ran_the_other_kernel():
     assert "W @ x.T" not in header([])  # stock kernels everywhere (a GPU, bf16, or a CPU where F.linear won)
     assert "Matrix products of 2-8 rows ran as `(W @ x.T).T` in every method" in header(list(range(2, 9)))
     assert "Matrix products of 2, 4 rows" in header([2, 4])
+    assert "Matrix products of 1-8 rows ran as `(W @ x.T).T` (one row padded to two) in every" in header([*range(1, 9)])
     gqa = markdown_report(aggregate(records, methods, {"temperature": 0.0, "cpu_gqa_attention": True}))
     assert "ran as grouped-query SDPA" in gqa.split("\n")[0] and "grouped-query" not in header([2, 4])
 
