@@ -62,7 +62,7 @@ stage() {
 }
 
 receive() {
-    local k=${1:?usage: receive K} python=${PYTHON:-python3}
+    local k=${1:-1} python=${PYTHON:-python3}
     [ -f "$STAGE/$k/target.part" ] || { echo "no $STAGE/$k here: carry it (run 'stage' first, where PyPI is reachable)" >&2; exit 2; }
     if [ "$k" = 1 ]; then  # the wheels installed and the imports checked now: a missing package costs this call only
         rm -rf "$WORK" && mkdir -p "$WORK/parts" "$WORK/site" && cp -r "$STAGE/1/." "$WORK/"

@@ -19,7 +19,7 @@ def test_the_script_parses_and_names_its_steps():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     for args in ((), ("bogus",)):
         result = run_step(*args)
-        assert result.returncode == 2 and "usage: bash scripts/h200_bench.sh stage|receive|run" in result.stderr
+        assert result.returncode == 2 and "usage: bash scripts/h200_bench.sh stage|receive K|run" in result.stderr
 
 
 def test_receive_and_run_say_which_step_is_missing(tmp_path):
@@ -28,9 +28,15 @@ def test_receive_and_run_say_which_step_is_missing(tmp_path):
     received = run_step("receive", env=env)
     assert received.returncode == 2 and "run 'stage' first" in received.stderr
     ran = run_step("run", env=env)
-    assert ran.returncode == 2 and "'receive' did not run on this machine" in ran.stderr
+    assert ran.returncode == 2 and "'receive 1' did not run on this machine" in ran.stderr
     assert not (tmp_path / "out").exists()  # nothing started
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "target.part").write_bytes(b"part 1")  # received, but part 2 not carried
+    (tmp_path / "work" / "parts").mkdir(parents=True)
+    (tmp_path / "work" / "parts" / "1").write_bytes(b"part 1")
+    (tmp_path / "work" / "part_count").write_text("3\n")  # part 1 received, the last part not carried
     ran = run_step("run", env=env)
-    assert ran.returncode == 2 and "stage/2 here: carry it" in ran.stderr
+    assert ran.returncode == 2 and "stage/3 here: carry it" in ran.stderr
+    (tmp_path / "stage" / "3").mkdir(parents=True)
+    (tmp_path / "stage" / "3" / "target.part").write_bytes(b"part 3")  # carried, but part 2 never received
+    ran = run_step("run", env=env)
+    assert ran.returncode == 2 and "part 2 never arrived: call 'receive 2' first" in ran.stderr
+    assert not (tmp_path / "out").exists()

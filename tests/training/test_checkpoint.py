@@ -4,6 +4,7 @@ a new run never shares an output folder with another run's checkpoints."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,8 +107,18 @@ def test_resume_refuses_a_checkpoint_whose_weights_do_not_fit_the_model(tiny_tar
         (stray, r"missing trainable tensors \[\], unexpected tensors \['head.stray.weight'\]"),
     ]:
         save_file(edited, str(weights_file))
+        _record_as_written(weights_file)  # a whole file of other tensors, as another config's checkpoint holds
         with pytest.raises(ConfigError, match=rf"model.safetensors does not match the model being trained \({found}"):
             run(resume="auto")
     save_file(saved, str(weights_file))  # the checkpoint as it was written resumes
+    _record_as_written(weights_file)
     resumed = run(resume="auto")
     assert resumed.finished and resumed.step == 2
+
+
+def _record_as_written(path: Path) -> None:
+    """Record ``path``'s size in its checkpoint's list of written files (else a resume reads it as damaged)."""
+    state_file = path.parent / STATE_FILE
+    state = json.loads(state_file.read_text())
+    state["files"][path.name] = path.stat().st_size
+    state_file.write_text(json.dumps(state))

@@ -121,7 +121,7 @@ def test_warm_start_continues_from_a_saved_head(tiny_target_dir, small_chat_file
             train(load_config(EAGLE1, again))
     torch.testing.assert_close(_weights(tmp_path / "a"), saved)
 
-    wrong = ["data.max_samples=16", f"head.init_from={tmp_path / 'a'}", "head.options.version=3"]
+    wrong = ["data.max_samples=16", f"head.init_from={tmp_path / 'a'}", "head.options.version=3", "loss.input_noise=0"]
     with pytest.raises(ValueError, match="head.options disagree"):
         train(load_config(EAGLE1, wrong + tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "d", **kw)))
     medusa = REPO / "configs" / "medusa" / "smollm2-135m.yaml"
