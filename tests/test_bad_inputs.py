@@ -126,8 +126,11 @@ ROWS = [
         "resume its latest checkpoint with train.resume={checkpoint}",
     ),
     ("train-resume-twice", [*TRAIN, "--resume", "train.resume={checkpoint}"], 2, "were both given; expected one"),
+    ("train-abbreviated-option", [*TRAIN, "--resum"], 2, "unrecognized arguments: --resum"),  # not --resume
     # data generate
     ("data-no-subcommand", ["data"], 2, "the following arguments are required: command"),
+    ("data-generate-abbreviated-option", [*DATA_GENERATE, "--prompts", "{prompts}", "--max-new", "4"], 2,
+     "unrecognized arguments: --max-new"),
     ("data-generate-negative-temperature", [*DATA_GENERATE, "--prompts", "{prompts}", "--temperature", "-1"], 2,
      "--temperature: expected a number >= 0"),
     ("data-generate-top-p-above-1", [*DATA_GENERATE, "--prompts", "{prompts}", "--top-p", "1.5"], 2,
@@ -164,6 +167,7 @@ ROWS = [
     ("generate-greedy-sampling", [*GENERATE, "--acceptance", "greedy", "--temperature", "1"], 2,
      "it needs --temperature 0"),
     ("generate-dtype", [*GENERATE, "--dtype", "float8"], 2, "--dtype: expected one of"),
+    ("generate-abbreviated-option", [*GENERATE, "--temp", "0"], 2, "unrecognized arguments: --temp"),
     ("generate-lookup-branch-without-head", [*GENERATE, "--lookup-branch", "2"], 2, "needs --head"),
     ("generate-tree-without-head", [*GENERATE, "--tree", "chain"], 2, "need --head: they set how a head drafts"),
     # bench (--target nope-model: every one of these fails before a target would load)
@@ -181,6 +185,7 @@ ROWS = [
      "head folder {root}/nope-head does not exist"),
     ("bench-medusa2-without-lora", [*BENCH, "--questions", "{questions}", "--head", "{medusa2}"], 2,
      "its lora/ folder is missing"),
+    ("bench-abbreviated-option", [*BENCH, "--per-cat", "1"], 2, "unrecognized arguments: --per-cat"),
     # export (a bad OUT is refused before the target loads)
     ("export-into-the-head", ["export", "{run}", "{run}"], 2, "is the head's own folder"),
     ("export-into-a-folder-with-files", ["export", "{run}", "{root}/not-empty"], 2,

@@ -61,7 +61,7 @@ BENCH = BenchSettings(
     max_new_tokens=64,
     heads=[str(HEAD_DIR), str(REFERENCE_HEAD)],
     trees=["auto"],
-    methods=[],
+    methods=["specheads-plain"],  # the loop with no drafter: the run's noise floor, beside the heads
     lookup_branch=5,  # the head again with prompt lookup grafted onto its tree (specheads.decoding.lookup_branch)
     out=str(BENCH_DIR),
 )
@@ -135,3 +135,9 @@ def print_summary(report: dict) -> None:
         s = groups[OVERALL]
         same = "baseline" if name == report["baseline"] else f"{s['identical']}/{s['compared']}"
         print(f"{name:<{width}} {s['tau']:>5.2f} {s['tokens_per_s']:>9.1f} {s['speedup']:>7.2f}x {same:>10}")
+    for name, method in report["methods"].items():
+        if method.get("auto_tree", {}).get("choices") == []:
+            print(
+                f"  {name}: its auto tree is empty (on this machine its guesses are not accepted often enough to pay "
+                "for a wider verify), so the head drafted nothing in this row"
+            )

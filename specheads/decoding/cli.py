@@ -107,8 +107,10 @@ class GenerateArgs:
 
 
 def generate_main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(GenerateArgs, prog="specheads generate")
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser(GenerateArgs, prog="specheads generate", allow_abbrev=False)
+    args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:  # HfArgumentParser raises a ValueError for these; argparse's own usage error reads better
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.head and args.prompt_lookup:
         parser.error("--head and --prompt-lookup are exclusive: pick one drafter")
     if args.lookup_branch < 0 or (args.lookup_branch and not args.head):

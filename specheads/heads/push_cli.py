@@ -30,7 +30,7 @@ SHARED_LAYOUT_ENGINES = ("vllm", "sglang")
 
 
 def push_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specheads push", description=__doc__)
+    parser = argparse.ArgumentParser(prog="specheads push", description=__doc__, allow_abbrev=False)
     parser.add_argument("folder", help="a folder written by head.save_pretrained() (e.g. runs/eagle3-smollm2-135m)")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-name/smollm2-135m-eagle3")
     parser.add_argument(

@@ -27,7 +27,7 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specheads data", description=__doc__)
+    parser = argparse.ArgumentParser(prog="specheads data", description=__doc__, allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
 
     gen = commands.add_parser("generate", help="the target answers a prompt file (JSONL with id + prompt/messages)")
@@ -117,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--answers", required=True, help="a `specheads data pack-answers` file")
     join.add_argument("--out", required=True, help="output JSONL (messages format), as `data generate` writes")
     join.add_argument("--source", default=None, help="a ShareGPT JSON file (default: the installed package's)")
+    for command in commands.choices.values():
+        command.allow_abbrev = False  # an abbreviated option is a typo here, not a shorthand
     return parser
 
 

@@ -41,8 +41,11 @@ def sync_deepspeed_config(config: dict[str, Any], max_grad_norm: float, grad_acc
     override ``train.grad_accum`` with only a warning (each micro-batch would then be an optimizer step). Put
     ``train.max_grad_norm`` (0 = no clipping, as in DeepSpeed) and ``train.grad_accum`` where they are ``auto``, and
     refuse a config that sets other values."""
-    for key, value in (("gradient_clipping", float(max_grad_norm)), ("gradient_accumulation_steps", int(grad_accum))):
-        setting = {"gradient_clipping": "train.max_grad_norm", "gradient_accumulation_steps": "train.grad_accum"}[key]
+    synced = (
+        ("gradient_clipping", "train.max_grad_norm", float(max_grad_norm)),
+        ("gradient_accumulation_steps", "train.grad_accum", int(grad_accum)),
+    )
+    for key, setting, value in synced:
         given = config.get(key, "auto")
         if given == "auto":
             config[key] = value

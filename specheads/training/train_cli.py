@@ -19,6 +19,7 @@ from specheads.training.config import ConfigError, TrainConfig, load_config
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specheads train",
+        allow_abbrev=False,  # "--resum" must not start a run as --resume
         description="Train a draft head on a frozen target. Any config key can be overridden as key.sub=value.",
     )
     parser.add_argument("--config", required=True, help="YAML file, e.g. configs/medusa/smollm2-135m.yaml")

@@ -22,8 +22,9 @@ def test_demo_training_overrides_are_a_valid_eagle3_config():
     assert cfg.train.output_dir == str(demo.HEAD_DIR)
 
 
-def test_demo_bench_compares_only_against_plain_generate():
-    assert demo.BENCH.methods == [] and demo.BENCH.heads == [str(demo.HEAD_DIR), str(demo.REFERENCE_HEAD)]
+def test_demo_bench_compares_against_plain_generate_with_the_noise_floor_beside_it():
+    assert demo.BENCH.methods == ["specheads-plain"]  # the loop drafting nothing: what a head's speedup stands on
+    assert demo.BENCH.heads == [str(demo.HEAD_DIR), str(demo.REFERENCE_HEAD)]
     assert (demo.REFERENCE_HEAD / "config.json").is_file()  # committed: the demo benches it without training it
     assert demo.BENCH.lookup_branch == 5  # the head is also shown with a prompt-lookup branch (NAME+lookup)
 
@@ -43,3 +44,25 @@ def test_demo_checks_the_question_file_before_ten_minutes_of_training(tmp_path, 
     with pytest.raises(SystemExit) as exit_info:
         demo.demo_main(["--help"])
     assert exit_info.value.code == 0 and "--questions" in capsys.readouterr().out
+
+
+def _overall(tau: float, speedup: float) -> dict:
+    return {"overall": {"tau": tau, "tokens_per_s": 20.0 * speedup, "speedup": speedup, "identical": 6, "compared": 6}}
+
+
+def test_demo_summary_says_when_a_head_drafted_nothing(capsys):
+    """An 80-step head whose auto tree is empty decodes as the plain loop: its row's speedup is not the head's."""
+    report = {
+        "baseline": "generate",
+        "results": {"generate": _overall(1.0, 1.0), "weak": _overall(1.0, 1.1), "strong": _overall(1.35, 1.3)},
+        "methods": {
+            "generate": {"description": "transformers generate (baseline)"},
+            "weak": {"auto_tree": {"choices": []}},
+            "strong": {"auto_tree": {"choices": [[0]]}},
+        },
+    }
+    demo.print_summary(report)
+    lines = capsys.readouterr().out.splitlines()
+    notes = [line for line in lines if "drafted nothing" in line]
+    assert len(notes) == 1 and notes[0].startswith("  weak: its auto tree is empty"), lines
+    assert any(line.startswith("strong ") and "1.30x" in line for line in lines)
