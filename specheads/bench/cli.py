@@ -42,9 +42,7 @@ from specheads.target import TargetLoadError, resolve_device_dtype
 
 def build_parser() -> argparse.ArgumentParser:
     d = BenchSettings()
-    parser = argparse.ArgumentParser(
-        prog="specheads bench", description=__doc__.split("\n\n")[0], allow_abbrev=False
-    )
+    parser = argparse.ArgumentParser(prog="specheads bench", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     _add_workload_arguments(parser, d)
     _add_method_arguments(parser, d)
     _add_auto_tree_arguments(parser, d)

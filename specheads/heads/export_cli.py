@@ -65,9 +65,7 @@ EXPORT_FILE_PATTERNS = (
 
 
 def export_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="specheads export", description=__doc__.split("\n\n")[0], allow_abbrev=False
-    )
+    parser = argparse.ArgumentParser(prog="specheads export", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("head", help="a folder written by head.save_pretrained() (e.g. runs/eagle3-smollm2-135m)")
     parser.add_argument("out", help="output folder (new or empty; an existing one only with --overwrite)")
     parser.add_argument(
