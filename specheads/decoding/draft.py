@@ -16,6 +16,7 @@ Drafters that need target features name them in ``layer_ids`` (HF hidden-state i
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,8 +38,12 @@ class Sampling:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not _is_number(self.temperature) or not self.temperature >= 0:  # NaN fails >= too
+            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, numbers.Integral) or self.top_k < 0):
+            raise ValueError(f"top_k must be None, 0 (off) or a whole number >= 1, got {self.top_k!r}")
+        if self.top_p is not None and (not _is_number(self.top_p) or not 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be None or a number in (0, 1], got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:
@@ -49,6 +54,10 @@ class Sampling:
         if self.greedy:
             return torch.softmax(logits.float(), dim=-1)
         return warp_logits_to_probs(logits, self.temperature, self.top_k, self.top_p)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 @dataclass

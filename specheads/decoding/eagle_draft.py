@@ -70,6 +70,11 @@ class EagleTreeDrafter:
         self, head: EagleHead, tree: DynamicTreeConfig | None = None, window: DrafterWindow | None = None
     ) -> None:
         """``window``: keep only sink and recent rows in the drafter's cache (None: every committed row)."""
+        if tree is not None and not isinstance(tree, DynamicTreeConfig):  # else an AttributeError at the first step
+            raise TypeError(
+                f"tree must be a DynamicTreeConfig, got {tree!r}; pass DynamicTreeConfig(depth, top_k, total_tokens), "
+                "or build_drafter(head, 'dynamic:D,K,N') for a setting string"
+            )
         self.head = head
         self.tree = tree or DynamicTreeConfig()
         self.window = window

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import numbers
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,11 @@ class SpeculativeGenerator:
             )
         if acceptance not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE_RULES}, got {acceptance!r}")
+        if drafter is not None and not all(hasattr(drafter, name) for name in ("begin", "propose", "observe")):
+            raise TypeError(  # a loaded head, say, which would otherwise fail only after the prompt's forward
+                f"drafter must be a Drafter (begin, propose, observe), got {type(drafter).__name__}; wrap a loaded "
+                "head with specheads.decoding.build_drafter(head)"
+            )
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
         self.acceptance = acceptance
         self.typical_params = (posterior_threshold, posterior_alpha)
@@ -186,6 +192,8 @@ class SpeculativeGenerator:
     ) -> GenerationResult:
         start = time.perf_counter()
         sampling, rule, stop = self.check_request(max_new_tokens, temperature, top_k, top_p, stop)
+        if seed is not None and not isinstance(seed, numbers.Integral):
+            raise ValueError(f"seed must be a whole number or None, got {seed!r}")
         req = self.prefill(self.encode(prompt), sampling, seed, rule)  # the first new token becomes the root
         self.emit(req, [req.root], max_new_tokens, stop, stream)
         policy = copy.deepcopy(self.backoff) if self.drafter is not None else None
@@ -236,8 +244,8 @@ class SpeculativeGenerator:
     ) -> tuple[Sampling, str, list[str]]:
         """The request's sampling, acceptance rule and stop strings, or an error for settings that cannot go
         together."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:  # numpy ints too
+            raise ValueError(f"max_new_tokens must be a whole number >= 1, got {max_new_tokens!r}")
         sampling = Sampling(temperature, top_k, top_p)
         if self.acceptance == "greedy" and not sampling.greedy:
             raise ValueError(
@@ -245,6 +253,11 @@ class SpeculativeGenerator:
                 f"temperature {temperature}. Use temperature=0, or acceptance='speculative' to sample (lossless)"
             )
         stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+        if any(not isinstance(s, str) or not s for s in stop):  # "" is in every text: it would stop at once
+            raise ValueError(
+                f"stop takes non-empty strings, got {stop!r}; pass stop=None for none (stop tokens go in the target's "
+                "generation_config.eos_token_id)"
+            )
         return sampling, "greedy" if sampling.greedy else self.acceptance, stop
 
     def context_full(self, req: RequestState) -> bool:
@@ -361,7 +374,8 @@ class SpeculativeGenerator:
 
     def encode(self, prompt: Prompt) -> torch.Tensor:
         """Token ids (T,) of a prompt; errors for empty, batched, padded, over-long or unknown prompts."""
-        return encode_prompt(self.tokenizer, prompt, self.max_context)
+        vocab_size = getattr(self.target.get_input_embeddings(), "num_embeddings", 0)  # 0: not checked
+        return encode_prompt(self.tokenizer, prompt, self.max_context, vocab_size)
 
 
 def _ancestors(tree: DraftTree) -> torch.Tensor:

@@ -17,6 +17,11 @@ class MedusaDrafter:
     and predicts token t + k + 1, i.e. depth k below the root (the root itself is the target's own next token)."""
 
     def __init__(self, heads: MedusaHeads, tree: StaticTree) -> None:
+        if not isinstance(tree, StaticTree):  # Medusa's own code takes the choices list itself
+            raise TypeError(
+                f"tree must be a StaticTree, got {type(tree).__name__}; compile Medusa choices with "
+                "specheads.decoding.static_tree(choices), or use chain_tree(depth) or load_tree(path)"
+            )
         if tree.max_depth > heads.num_heads:
             raise ValueError(
                 f"the tree is {tree.max_depth} deep but the Medusa head set has only {heads.num_heads} heads; "

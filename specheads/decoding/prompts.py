@@ -13,8 +13,11 @@ Prompt = str | list[dict[str, str]] | torch.Tensor | list[int] | Mapping[str, An
 """A plain string (chat-templated when the tokenizer has a template), chat messages, or token ids (used as is)."""
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, max_context: int = 0) -> torch.Tensor:
-    """Token ids (T,) of a prompt; errors for empty, batched, padded, over-long or unknown prompts."""
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, prompt: Prompt, max_context: int = 0, vocab_size: int = 0
+) -> torch.Tensor:
+    """Token ids (T,) of a prompt; errors for empty, batched, padded, over-long, out-of-vocabulary (``vocab_size``:
+    the target's embedding rows, 0 unchecked) or unknown prompts."""
     mask = None
     if isinstance(prompt, Mapping):  # a tokenizer's output (BatchEncoding) or a dict of its fields
         if "input_ids" not in prompt:
@@ -31,6 +34,13 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, max_contex
         raise ValueError(
             f"got {len(prompt)} text prompts; speculative generation runs one sequence at a time: call generate "
             "once per prompt"
+        )
+    first = prompt[0] if isinstance(prompt, (list, tuple)) and len(prompt) > 1 else None
+    if isinstance(first, (list, tuple)) or (torch.is_tensor(first) and first.dim() > 0):
+        # several conversations or id lists (maybe of different lengths): torch would fail on them with its own words
+        raise ValueError(
+            f"got a batch of {len(prompt)} prompts; speculative generation runs one sequence at a time: call "
+            "generate once per prompt"
         )
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
         prompt = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_tensors="pt")
@@ -59,6 +69,12 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Prompt, max_contex
         raise ValueError(
             f"the prompt has {ids.numel()} tokens but the target's context is {max_context} tokens "
             "(max_position_embeddings); shorten the prompt to leave room for new tokens"
+        )
+    if vocab_size and not (0 <= int(ids.min()) and int(ids.max()) < vocab_size):  # else an opaque IndexError
+        bad = ids[(ids < 0) | (ids >= vocab_size)].unique().tolist()
+        raise ValueError(
+            f"token ids must lie in [0, {vocab_size}) for the target's embeddings; got {bad[:8]}: encode the prompt "
+            "with the target's own tokenizer (and drop label padding such as -100)"
         )
     return ids
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -102,11 +103,15 @@ class DraftHead(nn.Module):
         touched. A LoRA adapter folder (``lora/``) left by an earlier head is removed: it belongs to that head.
         ``write_adapter(folder)`` (Medusa-2) writes this head's adapter: into a temporary folder first, which
         replaces ``lora/`` once complete, just before the head's own files, so a killed save never leaves a new
-        head beside an empty or half-written adapter.
+        head beside an empty or half-written adapter. A head ``load_head`` found an adapter beside
+        (``loaded_adapter``) writes a copy of that one.
         """
         out = Path(save_directory)
         out.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(out)
+        if write_adapter is None and self.loaded_adapter is not None:
+            # a loaded Medusa-2 head keeps its adapter: without it the copy would draft against the bare target
+            write_adapter = functools.partial(shutil.copytree, self.loaded_adapter)
         writers = {
             # save_model de-duplicates tied tensors (e.g. a draft model's tied embedding and lm_head).
             WEIGHTS_NAME: lambda path: safetensors.torch.save_model(self, str(path), metadata={"format": "pt"}),

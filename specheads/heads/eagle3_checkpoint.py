@@ -71,7 +71,7 @@ def load_eagle3_checkpoint(
     tensors.pop("t2d", None)  # rebuilt from d2t
     embedding = tensors.pop("embed_tokens.weight", None)
     own = head.borrowed.embed_tokens.weight.detach()
-    if embedding is not None and not torch.equal(embedding.to(own), own):
+    if embedding is not None and not _same_embedding(embedding, own):
         raise HeadLoadError(
             f"{weights} ships an embedding that differs from the target's; this drafter reads the target's embedding, "
             "so it would not reproduce the checkpoint. Load it onto the target it was trained for."
@@ -89,6 +89,12 @@ def load_eagle3_checkpoint(
     head.load_state_dict(state, strict=True)
     head.to(target.device).eval().requires_grad_(False)
     return head
+
+
+def _same_embedding(shipped: torch.Tensor, own: torch.Tensor) -> bool:
+    """Whether a checkpoint's embedding is the target's: as it is, or rounded to the checkpoint's dtype (a bf16
+    checkpoint, as SpecForge saves, of a target whose weights are fp32)."""
+    return torch.equal(shipped.to(own), own) or torch.equal(own.to(shipped.dtype), shipped)
 
 
 def _specheads_name(name: str) -> str:

@@ -94,7 +94,7 @@ def _measured_section(bench_results: str | os.PathLike | None) -> list[str]:
     """tau and speedup per method from a ``specheads bench`` results file, with what it ran on."""
     if bench_results is None:
         return ["## Measured speed", "", "Not measured for this card (`specheads push --bench-results PATH`).", ""]
-    report = json.loads(Path(bench_results).read_text())
+    report = read_bench_results(bench_results)
     config = report.get("config", {})
     lines = [
         "## Measured speed (`specheads bench`)",
@@ -109,6 +109,31 @@ def _measured_section(bench_results: str | os.PathLike | None) -> list[str]:
         s = groups[BENCH_OVERALL]
         lines.append(f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {s['speedup']:.2f}x |")
     return [*lines, ""]
+
+
+def read_bench_results(path: str | os.PathLike) -> dict[str, Any]:
+    """A ``specheads bench`` results.json with what the card reads (``baseline``, and tau, tokens/s and speedup per
+    method), or a one-line ``ValueError`` naming the file, what it holds instead and what to pass."""
+    path = Path(path)
+    expected = "expected the results.json a `specheads bench --out DIR` run writes into DIR"
+    if not path.is_file():
+        found = "is a folder" if path.is_dir() else "does not exist"
+        raise ValueError(f"--bench-results {path} {found}; {expected}")
+    try:
+        report = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--bench-results {path} is not JSON ({err}); {expected}") from None
+    results = report.get("results") if isinstance(report, dict) else None
+    keys = ("tau", "tokens_per_s", "speedup")
+    if (
+        not isinstance(results, dict)
+        or "baseline" not in report
+        or not all(isinstance(g, dict) and all(k in g.get(BENCH_OVERALL, {}) for k in keys) for g in results.values())
+    ):
+        raise ValueError(
+            f"--bench-results {path} has no baseline and per-method {BENCH_OVERALL} {', '.join(keys)}; {expected}"
+        )
+    return report
 
 
 def _simulated_section(head_card: str | None) -> list[str]:

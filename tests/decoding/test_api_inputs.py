@@ -61,6 +61,10 @@ def test_tokenizer_output_with_left_padding_is_the_unpadded_prompt(target):
         ({"attention_mask": [1, 1]}, TypeError, "needs 'input_ids'"),
         (["one prompt", "another"], ValueError, "one sequence at a time"),
         (42, TypeError, "got int"),
+        ([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], ValueError, "batch of 2"),
+        ([[3, 17, 42], [5]], ValueError, "batch of 2"),  # ragged: torch's own error named no batch
+        ([3, 17, 500], ValueError, r"\[0, 128\).*got \[500\]"),  # else an IndexError deep in the embedding
+        ([3, -100, 17], ValueError, r"got \[-100\].*-100"),
     ],
 )
 def test_unusable_prompts_are_named(target, prompt, error, match):
@@ -219,3 +223,38 @@ def test_generation_settings_changed_after_construction_are_flagged_at_generate(
     target.generation_config.forced_bos_token_id, target.generation_config.stop_strings = 7, ["done"]
     with pytest.warns(UserWarning, match=r"'forced_bos_token_id': 7, 'stop_strings': \['done'\]"):
         generator.generate(PROMPT, max_new_tokens=2)
+
+
+def test_a_head_passed_as_the_drafter_is_named_when_the_generator_is_built(target):
+    """A loaded head is not a drafter: said at once, with the call that makes one, not after the prompt's forward."""
+    with pytest.raises(TypeError, match=r"got MedusaHeads; wrap.*build_drafter\(head\)"):
+        SpeculativeGenerator(target, TinyTokenizer(), MedusaHeads(MedusaConfig(num_heads=2), target))
+
+
+def test_a_tree_of_another_kind_is_named_when_the_drafter_is_built(target):
+    """Medusa's own choices list, or a tree setting string, fail at once with the call that compiles them, not
+    with an AttributeError at the first step."""
+    with pytest.raises(TypeError, match=r"StaticTree, got list.*static_tree\(choices\)"):
+        MedusaDrafter(MedusaHeads(MedusaConfig(num_heads=2), target), [[0], [1], [0, 0]])
+    with pytest.raises(TypeError, match=r"DynamicTreeConfig, got 'dynamic:5,8,60'.*build_drafter"):
+        EagleTreeDrafter(EagleHead(EagleConfig(version=3), target), "dynamic:5,8,60")
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (dict(stop=""), "non-empty strings"),  # in every text: one token and an empty text came back
+        (dict(stop=["\n", ""]), "non-empty strings"),
+        (dict(stop=[2]), "non-empty strings"),  # a token id: stop tokens are EOS ids
+        (dict(max_new_tokens=None), "whole number >= 1, got None"),
+        (dict(max_new_tokens=2.5), "whole number >= 1, got 2.5"),  # three tokens came back
+        (dict(temperature=None), "temperature must be a number >= 0"),  # a TypeError from '<'
+        (dict(temperature=float("nan")), "temperature must be a number >= 0"),
+        (dict(temperature=1.0, top_k=2.5), "top_k must be None, 0 .off. or a whole number"),  # failed inside topk
+        (dict(top_p=1.5), r"top_p must be None or a number in \(0, 1\]"),  # checked before the prompt's forward
+        (dict(temperature=1.0, seed="a"), "seed must be a whole number or None"),  # torch's manual_seed error
+    ],
+)
+def test_unusable_request_settings_are_named(target, options, match):
+    with pytest.raises(ValueError, match=match):
+        _plain(target).generate(PROMPT, **{"max_new_tokens": 4, **options})

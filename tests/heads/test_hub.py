@@ -337,3 +337,30 @@ def test_saving_the_card_and_the_hub_import_no_module_that_imports_them():
             if isinstance(node, ast.ImportFrom) and node.module
         }
         assert not imported & {"specheads.heads.base", "specheads.heads.load", "specheads.heads"}, (name, imported)
+
+
+@pytest.mark.parametrize(
+    "given, content, message",
+    [
+        ("bench", None, "is a folder"),
+        ("bench/results.md", "| method | tau |\n", "is not JSON"),
+        ("bench/results.json", '{"config": {}}', "has no baseline and per-method overall tau, tokens_per_s, speedup"),
+        ("bench/missing.json", None, "does not exist"),
+    ],
+)
+def test_a_bench_results_file_the_card_cannot_read_is_one_clear_line(
+    tiny_llama, tmp_path, capsys, given, content, message
+):
+    """The bench's output folder was an IsADirectoryError traceback, its markdown a bare "Expecting value", and a JSON
+    file without the bench's keys a KeyError traceback."""
+    from specheads.heads.interop import export_head
+
+    export_head(EagleHead(EagleConfig(version=3), tiny_llama), tiny_llama, tmp_path / "spec")
+    (tmp_path / "bench").mkdir()
+    if content is not None:
+        (tmp_path / given).write_text(content)
+    argv = ["push", str(tmp_path / "spec"), "me/head", "--dry-run", "--bench-results", str(tmp_path / given)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--bench-results {tmp_path / given} {message}" in err
+    assert "expected the results.json a `specheads bench --out DIR` run writes into DIR" in err

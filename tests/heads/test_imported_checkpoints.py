@@ -81,3 +81,22 @@ def test_a_head_built_with_a_d2t_that_names_a_token_twice_is_refused():
     d2t[1] = 0
     with pytest.raises(HeadLoadError, match="d2t must name 32 distinct target token ids"):
         EagleHead(EagleConfig(version=3, draft_vocab_size=32), target, d2t=d2t)
+
+
+def test_a_16bit_checkpoint_shipping_the_fp32_targets_embedding_in_its_dtype_loads(tmp_path):
+    """SpecForge saves the drafter with the target's embedding, in the training dtype: a bf16 checkpoint of a target
+    whose weights are fp32 was refused as an embedding that "differs from the target's". Another embedding still is."""
+    head, target = _exported(tmp_path)
+    tensors = safetensors.torch.load_file(str(tmp_path / "model.safetensors"))
+    tensors = {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()}
+    embedding = target.get_input_embeddings().weight.detach()
+    tensors["embed_tokens.weight"] = embedding.to(torch.bfloat16)
+    safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
+    loaded = load_head(tmp_path, target)
+    for name, tensor in head.state_dict().items():
+        rounded = tensor.to(torch.bfloat16).float() if tensor.is_floating_point() else tensor
+        assert torch.equal(loaded.state_dict()[name], rounded), name
+    tensors["embed_tokens.weight"] = (embedding * 1.1).to(torch.bfloat16)
+    safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(HeadLoadError, match="ships an embedding that differs from the target's"):
+        load_head(tmp_path, target)

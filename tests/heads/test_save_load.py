@@ -574,3 +574,27 @@ def test_medusa_heads_rebuilt_for_loading_do_not_read_the_targets_lm_head(tiny_l
     rebuilt.load_state_dict(heads.state_dict(), strict=True)
     for name, tensor in heads.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[name], tensor), name
+
+
+def test_a_loaded_medusa2_head_saves_with_its_adapter(tmp_path):
+    """Saving a loaded Medusa-2 head (into another folder, or back into its own to cast it) wrote no adapter and
+    deleted the folder's own lora/: the head then loaded onto the bare target as Medusa-1, without a word."""
+    from peft import LoraConfig, get_peft_model
+
+    from specheads.heads import apply_lora_adapter
+
+    folder = tmp_path / "head"
+    adapted = get_peft_model(make_tiny_llama(), LoraConfig(r=4, target_modules=["q_proj"]))
+    MedusaHeads(MedusaConfig(num_heads=2), make_tiny_llama()).save_pretrained(
+        folder, write_adapter=lambda path: adapted.save_pretrained(path)
+    )
+    adapter = (folder / "lora" / "adapter_model.safetensors").read_bytes()
+    target, applied = apply_lora_adapter(make_tiny_llama(), folder)
+    head = load_head(folder, target, adapter_applied=applied)
+    for out in (tmp_path / "copy", folder):
+        head.save_pretrained(out)
+        assert json.loads((out / "config.json").read_text())["lora_adapter"] is True
+        assert (out / "lora" / "adapter_model.safetensors").read_bytes() == adapter
+        assert "# Medusa-2 heads" in (out / "README.md").read_text()
+        with pytest.warns(UserWarning, match="trained jointly with a LoRA adapter"):
+            load_head(out, make_tiny_llama())
