@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "generate": ("specheads.decoding.cli", "generate_main", "generate with speculative decoding (or plainly)"),
     "bench": ("specheads.bench.cli", "bench_main", "benchmark heads against generate and assisted decoding"),
     "push": ("specheads.heads.push_cli", "push_main", "upload a saved head folder to the Hugging Face Hub"),
-    "export": ("specheads.heads.export_cli", "export_main", "write a head in the format vLLM or SGLang loads"),
+    "export": ("specheads.heads.export_cli", "export_main", "write a head for vLLM, SGLang or speculators"),
 }
 
 

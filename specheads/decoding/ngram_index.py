@@ -3,7 +3,7 @@
 Prompt lookup (``PromptLookupDrafter``, and the lookup branch that wraps it) asks each step for the latest earlier
 occurrence of the context's last n tokens. Rescanning the context for it costs time proportional to the context,
 every step; this index is updated with each committed token (one dictionary write per n-gram length) and answers in
-time independent of the context's length, with the same answer as the scan (``draft.lookup_match``).
+time independent of the context's length, with the same answer as the scan (``prompt_lookup_drafter.lookup_match``).
 """
 
 from __future__ import annotations

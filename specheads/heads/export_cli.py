@@ -1,4 +1,4 @@
-"""``specheads export HEAD OUT``: write a trained head in the format a serving engine loads (vLLM or SGLang).
+"""``specheads export HEAD OUT``: write a trained head in the format a serving engine loads (vLLM, SGLang, speculators).
 
     specheads export runs/eagle3-smollm2-135m OUT [--engine vllm|sglang|speculators] [--dtype bfloat16] [--target NAME]
 
