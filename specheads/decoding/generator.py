@@ -15,6 +15,7 @@ import contextlib
 import copy
 import numbers
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -136,10 +137,15 @@ class SpeculativeGenerator:
         return [(name, module) for name, module in found if isinstance(module, torch.nn.Module)]
 
     def eos_ids(self) -> set[int]:
-        """The target's EOS ids as its generation config says now (else the tokenizer's), as ``generate`` reads them."""
+        """The target's EOS ids as its generation config says now: what ``generate`` stops at (not the tokenizer's)."""
         config = self.target.generation_config
         eos = config.eos_token_id if config is not None else None
-        eos = self.tokenizer.eos_token_id if eos is None else eos
+        if eos is None and getattr(self.tokenizer, "eos_token_id", None) is not None:
+            warnings.warn(
+                "the target's generation_config.eos_token_id is None, so decoding runs to max_new_tokens as generate "
+                "does; set model.generation_config.eos_token_id = tokenizer.eos_token_id to stop at that EOS",
+                stacklevel=5,  # the caller of generate()
+            )
         return set(eos if isinstance(eos, list) else [eos]) - {None}
 
     def generate(
@@ -191,9 +197,7 @@ class SpeculativeGenerator:
         stream: Callable[[str], None] | None = None,
     ) -> GenerationResult:
         start = time.perf_counter()
-        sampling, rule, stop = self.check_request(max_new_tokens, temperature, top_k, top_p, stop)
-        if seed is not None and not isinstance(seed, numbers.Integral):
-            raise ValueError(f"seed must be a whole number or None, got {seed!r}")
+        sampling, rule, stop = self.check_request(max_new_tokens, temperature, top_k, top_p, stop, seed)
         req = self.prefill(self.encode(prompt), sampling, seed, rule)  # the first new token becomes the root
         self.emit(req, [req.root], max_new_tokens, stop, stream)
         policy = copy.deepcopy(self.backoff) if self.drafter is not None else None
@@ -241,6 +245,7 @@ class SpeculativeGenerator:
         top_k: int | None,
         top_p: float | None,
         stop: Sequence[str] | str | None,
+        seed: int | None,
     ) -> tuple[Sampling, str, list[str]]:
         """The request's sampling, acceptance rule and stop strings, or an error for settings that cannot go
         together."""
@@ -258,6 +263,8 @@ class SpeculativeGenerator:
                 f"stop takes non-empty strings, got {stop!r}; pass stop=None for none (stop tokens go in the target's "
                 "generation_config.eos_token_id)"
             )
+        if seed is not None and not isinstance(seed, numbers.Integral):
+            raise ValueError(f"seed must be a whole number or None, got {seed!r}")
         return sampling, "greedy" if sampling.greedy else self.acceptance, stop
 
     def context_full(self, req: RequestState) -> bool:

@@ -148,13 +148,8 @@ class DraftHead(nn.Module):
         return out
 
     def push_to_hub(self, repo_id: str, card: dict[str, Any] | None = None, **kwargs: Any) -> str:
-        """Save to a temporary folder and upload it with huggingface_hub (see ``specheads.heads.hub``)."""
-        if self.loaded_adapter is not None:  # the upload would delete the repo's lora/ and say Medusa-1
-            raise ValueError(
-                f"this head was loaded with a Medusa-2 LoRA adapter ({self.loaded_adapter}), which push_to_hub "
-                "does not upload, so the repository would hold the heads without it; push the head's folder with "
-                f"`specheads push {self.loaded_adapter.parent} {repo_id}`, which uploads the adapter too"
-            )
+        """Save to a temporary folder and upload it with huggingface_hub (see ``specheads.heads.hub``); a head loaded
+        with its Medusa-2 adapter uploads a copy of that adapter too (``save_pretrained`` writes it)."""
         from specheads.heads.hub import push_folder
 
         with tempfile.TemporaryDirectory() as tmp:

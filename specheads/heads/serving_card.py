@@ -84,18 +84,26 @@ def write_serving_card(
         "```",
         *(["", note] if (note := builtin_weights_note(target_name)) else []),
         "",
-        *_measured_section(bench_results),
+        *_measured_section(bench_results, target_name),
         *_simulated_section(head_card),
     ]
     ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n").save(folder / CARD_NAME)
 
 
-def _measured_section(bench_results: str | os.PathLike | None) -> list[str]:
-    """tau and speedup per method from a ``specheads bench`` results file, with what it ran on."""
+def _measured_section(bench_results: str | os.PathLike | None, target_name: str) -> list[str]:
+    """tau and speedup per method from a ``specheads bench`` results file, with what it ran on; refused when the
+    file records another target than the head's (its speeds would say nothing about this head)."""
     if bench_results is None:
         return ["## Measured speed", "", "Not measured for this card (`specheads push --bench-results PATH`).", ""]
     report = read_bench_results(bench_results)
     config = report.get("config", {})
+    measured = config.get("target")
+    if isinstance(measured, str) and not _same_target(measured, target_name):
+        raise ValueError(
+            f"--bench-results {bench_results} measured the target {public_name(measured)}, but the head drafts for "
+            f"{public_name(target_name)}; benchmark the head on its own target (`specheads bench --target "
+            f"{public_name(target_name)} --head ...`), or pass --target if both name one model"
+        )
     lines = [
         "## Measured speed (`specheads bench`)",
         "",
@@ -109,6 +117,15 @@ def _measured_section(bench_results: str | os.PathLike | None) -> list[str]:
         s = groups[BENCH_OVERALL]
         lines.append(f"| {name} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {s['speedup']:.2f}x |")
     return [*lines, ""]
+
+
+def _same_target(a: str, b: str) -> bool:
+    """Whether two target names or paths name one model: equal, one Hub id (built-in names map to theirs), or one
+    local folder."""
+    hub = base_model_id(a)
+    if a == b or (hub is not None and hub == base_model_id(b)):
+        return True
+    return Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve()
 
 
 def read_bench_results(path: str | os.PathLike) -> dict[str, Any]:

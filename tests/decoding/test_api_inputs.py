@@ -258,3 +258,17 @@ def test_a_tree_of_another_kind_is_named_when_the_drafter_is_built(target):
 def test_unusable_request_settings_are_named(target, options, match):
     with pytest.raises(ValueError, match=match):
         _plain(target).generate(PROMPT, **{"max_new_tokens": 4, **options})
+
+
+def test_no_eos_in_the_generation_config_runs_on_as_generate_does(target):
+    """generate reads EOS from the generation config only: with none there, a tokenizer's EOS must not stop the
+    loop early (that would cut the output short of generate's), and the user is told how to stop at it."""
+    expected = SpeculativeGenerator(target, TinyTokenizer()).generate(PROMPT, max_new_tokens=8).token_ids
+    tokenizer = TinyTokenizer()
+    tokenizer.eos_token_id = expected[2]
+    with pytest.warns(UserWarning, match="generation_config.eos_token_id is None"):
+        result = SpeculativeGenerator(target, tokenizer).generate(PROMPT, max_new_tokens=8)
+    assert result.token_ids == expected
+    assert (
+        result.token_ids == target.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False)[0, 7:].tolist()
+    )

@@ -5,7 +5,6 @@ code (ModelCard parsing, HfApi with offline mode); the upload itself is not exer
 """
 
 import json
-import re
 
 import pytest
 from huggingface_hub import ModelCard
@@ -156,16 +155,21 @@ def test_push_uploads_only_the_adapter_files_peft_loads(tiny_llama, tmp_path, fa
     assert deleted == ["lora/README.md"]  # the earlier push's peft template card goes too
 
 
-def test_push_to_hub_refuses_a_head_loaded_with_its_adapter_before_uploading(tiny_llama, tmp_path, fake_hub):
+def test_push_to_hub_uploads_the_adapter_a_head_was_loaded_with(tiny_llama, tmp_path, fake_hub):
     """``push_to_hub`` saved the heads without their Medusa-2 adapter: the repository said Medusa-1, and the push
-    deleted the ``lora/`` already there. ``specheads push FOLDER`` uploads the adapter; a Medusa-1 head still pushes."""
+    deleted the ``lora/`` already there. The save now copies the adapter, so the push uploads it as ``specheads push
+    FOLDER`` does, and the card says Medusa-2."""
     folder = _medusa2_folder(tiny_llama, tmp_path / "medusa2")
-    head = load_head(folder, tiny_llama, adapter_applied=True)
-    with pytest.raises(ValueError, match=re.escape(f"`specheads push {folder} me/head`, which uploads the adapter")):
-        head.push_to_hub("me/head")
-    assert fake_hub.calls == []
-    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "medusa1")
-    assert load_head(tmp_path / "medusa1", tiny_llama).push_to_hub("me/head").endswith("/commit/abc")
+    fake_hub.remote += ["lora/adapter_config.json", "lora/adapter_model.safetensors"]
+    assert load_head(folder, tiny_llama, adapter_applied=True).push_to_hub("me/head").endswith("/commit/abc")
+    (_, commit), *_ = [call for call in fake_hub.calls if call[0] == "commit"]
+    added = sorted(path for kind, path in commit["ops"] if kind == "CommitOperationAdd")
+    adapter = ["lora/adapter_config.json", "lora/adapter_model.safetensors"]
+    assert added == sorted(["config.json", "model.safetensors", "README.md", *adapter])
+    assert not [path for kind, path in commit["ops"] if kind == "CommitOperationDelete"]  # the adapter stays
+    assert "Medusa-2" in fake_hub.uploaded["README.md"].decode()
+    uploaded = fake_hub.uploaded["lora/adapter_model.safetensors"]
+    assert uploaded == (folder / "lora" / "adapter_model.safetensors").read_bytes()
 
 
 def test_push_takes_a_commit_message_and_a_branch(tiny_llama, tmp_path, fake_hub):
@@ -364,3 +368,25 @@ def test_a_bench_results_file_the_card_cannot_read_is_one_clear_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--bench-results {tmp_path / given} {message}" in err
     assert "expected the results.json a `specheads bench --out DIR` run writes into DIR" in err
+
+
+def test_a_bench_run_of_another_target_is_refused_for_the_card(tiny_llama, tmp_path, capsys):
+    """The card's Measured speed copied whatever bench file it was given: a run on another target said nothing about
+    this head, and now is one line naming both; the same model under its built-in name or Hub id is accepted."""
+    from specheads.heads.interop import export_head
+    from specheads.heads.serving_card import write_serving_card
+
+    export_head(EagleHead(EagleConfig(version=3), tiny_llama), tiny_llama, tmp_path / "spec", engine="speculators")
+    other = {**BENCH, "config": {**BENCH["config"], "target": "Qwen/Qwen3-0.6B"}}
+    (tmp_path / "bench.json").write_text(json.dumps(other))
+    argv = ["push", str(tmp_path / "spec"), "me/head", "--dry-run", "--bench-results", str(tmp_path / "bench.json")]
+    argv += ["--target", "smollm2-135m-instruct"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measured the target Qwen/Qwen3-0.6B, but the head drafts for smollm2-135m" in err
+    same = {**BENCH, "config": {**BENCH["config"], "target": "smollm2-135m-instruct"}}
+    (tmp_path / "bench.json").write_text(json.dumps(same))
+    write_serving_card(
+        tmp_path / "spec", "speculators", "HuggingFaceTB/SmolLM2-135M-Instruct", "me/head", tmp_path / "bench.json"
+    )
+    assert "| specheads-eagle3 | 2.61 | 58.0 | 1.45x |" in ModelCard.load(tmp_path / "spec" / "README.md").text
