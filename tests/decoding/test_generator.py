@@ -119,9 +119,10 @@ def test_never_more_than_max_new_tokens(tiny_llama, max_new_tokens):
 def test_stops_at_eos_and_keeps_it(tiny_llama):
     plain = SpeculativeGenerator(tiny_llama, TinyTokenizer()).generate(PROMPT, max_new_tokens=12).token_ids
     eos = plain[5]
-    tokenizer = TinyTokenizer()
-    tokenizer.eos_token_id = eos
-    result = SpeculativeGenerator(tiny_llama, tokenizer, PromptLookupDrafter()).generate(PROMPT, max_new_tokens=12)
+    tiny_llama.generation_config.eos_token_id = eos  # where generate reads it
+    result = SpeculativeGenerator(tiny_llama, TinyTokenizer(), PromptLookupDrafter()).generate(
+        PROMPT, max_new_tokens=12
+    )
     assert result.token_ids == plain[: plain.index(eos) + 1] and result.stats.stop_reason == "eos"
 
 
