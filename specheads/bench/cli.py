@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specheads.arg_types import non_negative_float, positive_int
+from specheads.arg_types import non_negative_float, non_negative_int, positive_int
 from specheads.bench.calibration import (
     DEFAULT_CALIBRATION_DATA,
     calibration_data_file,
@@ -23,10 +23,17 @@ from specheads.bench.calibration import (
     check_calibration_source,
     render_prompt,
 )
-from specheads.bench.lineup import build_methods
+from specheads.bench.lineup import build_methods, trees_per_head
 from specheads.bench.questions import held_out_questions, load_questions, select_per_category
-from specheads.bench.report import OVERALL, PLOTS_MISSING, aggregate, plots_available, write_report
-from specheads.bench.runner import mark_near_ties, run_benchmark
+from specheads.bench.report import (
+    OVERALL,
+    PLOTS_MISSING,
+    aggregate,
+    check_out_folder,
+    plots_available,
+    write_report,
+)
+from specheads.bench.runner import BenchmarkInterrupted, mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
 from specheads.decoding.cli import resolve_head_argument
 from specheads.decoding.tuning.auto_tree import (
@@ -82,8 +89,10 @@ def _add_method_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> 
     )
     p.add_argument("--methods", nargs="*", default=d.methods, choices=BUILTIN_METHODS, help="comparison methods")
     p.add_argument("--assistant", default=None, help="draft model head folder for hf-assisted")
-    p.add_argument("--assistant-layers", type=int, default=d.assistant_layers, help="layers of the default assistant")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=d.prompt_lookup_tokens)
+    p.add_argument(
+        "--assistant-layers", type=positive_int, default=d.assistant_layers, help="layers of the default assistant"
+    )
+    p.add_argument("--prompt-lookup-tokens", type=positive_int, default=d.prompt_lookup_tokens)
 
 
 def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:
@@ -115,7 +124,7 @@ def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) 
     )
     p.add_argument(
         "--lookup-branch",
-        type=int,
+        type=non_negative_int,
         default=d.lookup_branch,
         metavar="N",
         help="also run every head with up to N prompt-lookup tokens grafted onto its tree, as NAME+lookup (0 = off)",
@@ -132,13 +141,15 @@ def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) 
 
     p.add_argument(
         "--drafter-window",
-        type=int,
+        type=non_negative_int,
         default=d.drafter_window,
         metavar="N",
         help="also run every EAGLE head as NAME+window, its drafter's own cache cut to the first --drafter-sinks and "
         "the last N rows (lossless; 0 = off)",
     )
-    p.add_argument("--drafter-sinks", type=int, default=d.drafter_sinks, help="with --drafter-window: rows kept first")
+    p.add_argument(
+        "--drafter-sinks", type=non_negative_int, default=d.drafter_sinks, help="with --drafter-window: rows kept first"
+    )
 
 
 def _solo_length(value: str) -> int | str:
@@ -155,12 +166,14 @@ def run_bench(
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Load (or take) the target, run every method on the selected questions, write the report."""
     device, dtype = resolve_device_dtype(settings.device, settings.dtype)
-    # the question file and head folders first: a wrong one fails at once, not after the target loaded
+    # the question file, output and head folders first: a wrong one fails at once, not after the target loaded
     questions_path = Path(settings.questions) if settings.questions else find_default_questions()
     every_question = load_questions(questions_path)
+    check_out_folder(settings.out)
     for option, folder in [*(("--head", h) for h in settings.heads), ("--assistant", settings.assistant)]:
         if folder:
             resolve_head_argument(folder, option)
+    trees_per_head(settings)
     questions = select_per_category(every_question, settings.per_category, settings.categories)
     held_out = held_out_questions(every_question, questions, settings.calibration_prompts)
     check_calibration_source(settings, held_out, len(questions), questions_path)
@@ -170,28 +183,50 @@ def run_bench(
         target, tokenizer = load_target(settings.target, dtype=dtype, device=device)
     else:  # a target handed in (the Python API): the report names it, not the settings' default
         settings = replace(settings, target=str(getattr(target.config, "name_or_path", "") or type(target).__name__))
-    device, dtype = target.device, next(target.parameters()).dtype
+    device = target.device
     prompts = [(q, render_prompt(tokenizer, q.prompt, device)) for q in questions]
     calibration, calibration_source, calibration_ids = calibration_prompts(
         tokenizer, settings.calibration_prompts, device, held_out, calibration_data_file(settings)
     )
     kernels = CpuKernels()  # measured once here, then every method runs with the same CPU kernels
     methods = build_methods(settings, target, tokenizer, calibration, calibration_source, kernels)
-    records = run_benchmark(
-        methods,
-        prompts,
-        settings.max_new_tokens,
-        settings.temperature,
-        settings.seed,
-        progress=settings.progress,
-        repeats=settings.repeats,
-    )
+    interrupted = None
+    try:
+        records = run_benchmark(
+            methods,
+            prompts,
+            settings.max_new_tokens,
+            settings.temperature,
+            settings.seed,
+            progress=settings.progress,
+            repeats=settings.repeats,
+        )
+    except BenchmarkInterrupted as stop:  # Ctrl-C: the prompts every method finished are reported, then it stops
+        records, interrupted = stop.records, stop
     if settings.temperature == 0:
         mark_near_ties(records, target, prompts)
-    config = {
+    config = _run_config(settings, questions_path, target, kernels)
+    if settings.heads and "auto" in (settings.trees or ["auto"]):
+        config["calibration"] = {"source": calibration_source, "question_ids": calibration_ids}
+    if interrupted is not None:
+        config["interrupted"] = f"after {interrupted.prompts_done} of {interrupted.prompts} prompts"
+    report = aggregate(records, methods, config)
+    paths = write_report(report, settings.out)
+    if interrupted is not None:
+        print(f"\nspecheads bench: {interrupted}; the finished ones are in {paths['markdown']}", file=sys.stderr)
+        raise interrupted
+    return report, paths
+
+
+def _run_config(
+    settings: BenchSettings, questions_path: Path, target: PreTrainedModel, kernels: CpuKernels
+) -> dict[str, Any]:
+    """The settings and the machine a run measured on, as results.json records them."""
+    dtype = next(target.parameters()).dtype
+    return {
         **asdict(settings),
         "questions": str(questions_path),
-        "device": _device_name(device),
+        "device": _device_name(target.device),
         "dtype": str(dtype).removeprefix("torch."),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -200,10 +235,6 @@ def run_bench(
         "cpu_kernel_rows": sorted(kernels.faster_row_counts(target)),
         "cpu_gqa_attention": gqa_applies_to(target),  # every method's masked multi-token forwards, likewise
     }
-    if settings.heads and "auto" in (settings.trees or ["auto"]):
-        config["calibration"] = {"source": calibration_source, "question_ids": calibration_ids}
-    report = aggregate(records, methods, config)
-    return report, write_report(report, settings.out)
 
 
 def _device_name(device: torch.device) -> str:

@@ -58,11 +58,8 @@ def build_methods(
     if "specheads-lookup" in settings.methods:
         spec = prompt_lookup_drafter(settings.prompt_lookup_tokens)
         methods.append(_specheads("specheads-lookup", target, tokenizer, spec, acceptance, "prompt lookup", kernels))
-    trees = settings.trees or ["auto"]
-    if len(trees) not in (1, len(settings.heads)):
-        raise ValueError(f"give one --tree for all heads or one per --head; got {len(trees)} for {len(settings.heads)}")
-    trees = trees * len(settings.heads) if len(trees) == 1 else trees
-    if not calibration and "auto" in trees[: len(settings.heads)]:
+    trees = trees_per_head(settings)
+    if not calibration and "auto" in trees:
         # auto_drafter would choose (and cache for specheads generate) a tree from no acceptance at all
         raise ValueError(
             "--tree auto needs calibration prompts and got none; pass --calibration-data FILE, or a fixed --tree"
@@ -77,6 +74,16 @@ def build_methods(
         calibrated = (calibration, calibration_source, curve, kernels)
         methods += _head_methods(settings, head_arg, tree, target, tokenizer, *calibrated)
     return methods
+
+
+def trees_per_head(settings: BenchSettings) -> list[str]:
+    """The tree setting of each ``--head``: one ``--tree`` for all of them, or one each."""
+    trees = settings.trees or ["auto"]
+    if len(trees) not in (1, len(settings.heads)):
+        raise ValueError(
+            f"got {len(trees)} --tree for {len(settings.heads)} --head; give one --tree for all heads or one per --head"
+        )
+    return trees * len(settings.heads) if len(trees) == 1 else trees
 
 
 def _check_names_free(settings: BenchSettings, head_arg: str, methods: list[Method]) -> None:

@@ -37,6 +37,11 @@ def spec_bench_category(question_id: int | str, category: str) -> str:
 def load_questions(path: str | Path) -> list[Question]:
     """Read a Spec-Bench-format JSONL file (``question_id``, ``category``, ``turns``) in file order."""
     path = Path(path)
+    if path.is_dir():  # e.g. data/spec_bench/, the folder the default file is in
+        raise FileNotFoundError(
+            f"question file {path} is a folder; pass --questions the file in it (such as {path / 'question.jsonl'}): "
+            "JSON lines with question_id, category, turns"
+        )
     if not path.is_file():
         raise FileNotFoundError(
             f"question file {path} not found; pass --questions PATH to a Spec-Bench question.jsonl "
@@ -44,7 +49,14 @@ def load_questions(path: str | Path) -> list[Question]:
         )
     questions = []
     seen: dict[int | str, int] = {}  # question id -> its line
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:  # e.g. Spec-Bench as a parquet file
+        raise ValueError(
+            f"question file {path} is not UTF-8 text; expected a Spec-Bench question.jsonl (JSON lines with "
+            "question_id, category, turns): convert the file to JSON lines"
+        ) from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         question = _question(line, f"{path}:{number}")

@@ -184,6 +184,12 @@ def _prompts_per_category(report: dict[str, Any]) -> str:
     return f"up to {asked} prompt(s) per category (measured: {counts})"
 
 
+def _interrupted_note(config: dict[str, Any]) -> str:
+    if not config.get("interrupted"):
+        return ""
+    return f" **Partial: interrupted (Ctrl-C) {config['interrupted']}; these numbers cover the prompts finished.**"
+
+
 def _kernel_note(config: dict[str, Any]) -> str:
     rows, note = config.get("cpu_kernel_rows"), ""
     if rows:
@@ -207,7 +213,8 @@ def _overall_table(report: dict[str, Any]) -> list[str]:
     lines = [
         f"Target `{config.get('target')}` on {config.get('device')} ({config.get('dtype')}), "
         f"T={config.get('temperature')}, {config.get('max_new_tokens')} new tokens, "
-        f"{_prompts_per_category(report)}, baseline `{report['baseline']}`.{_noise_note(report)}{_kernel_note(config)}",
+        f"{_prompts_per_category(report)}, baseline `{report['baseline']}`.{_interrupted_note(config)}"
+        f"{_noise_note(report)}{_kernel_note(config)}",
         "",
         "| method | tau | tokens/s | speedup | identical at T=0 | time draft / verify / other | peak mem (MB) |",
         "|---|---|---|---|---|---|---|",
@@ -325,6 +332,19 @@ def plot_report(report: dict[str, Any], out_dir: Path) -> list[Path]:
     fig.savefig(paths[1], dpi=120)
     plt.close(fig)
     return paths
+
+
+def check_out_folder(out_dir: str | Path) -> None:
+    """Refuse an output folder that cannot be made (it, or a folder above it, is a file) before anything is measured:
+    the report is written last, and a failure there loses the whole run."""
+    out_dir = Path(out_dir)
+    for folder in (out_dir, *out_dir.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise ValueError(
+                    f"--out {out_dir}: {folder} is a file; expected a folder for the report: pass another --out"
+                )
+            return
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:

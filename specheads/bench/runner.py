@@ -48,6 +48,15 @@ def process_peak_rss_mb() -> float | None:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
 
 
+class BenchmarkInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the timed runs, carrying the records of every prompt that all methods finished (the prompt in
+    progress is dropped: a prompt some methods skipped would skew the comparison), so they can still be reported."""
+
+    def __init__(self, records: list[Record], prompts_done: int, prompts: int) -> None:
+        super().__init__(f"interrupted after {prompts_done} of {prompts} prompts")
+        self.records, self.prompts_done, self.prompts = records, prompts_done, prompts
+
+
 def run_benchmark(
     methods: list[Method],
     prompts: list[tuple[Question, torch.Tensor]],
@@ -64,38 +73,62 @@ def run_benchmark(
     its record keeps the run of median time: one slow run on a shared machine then moves nothing. The same seed is
     used each time, so at T=0 repeats produce the same tokens (checked); at T>0 a method whose drafting depends on
     measured time (draft backoff) spends the random stream differently each run, so its repeats may differ (each
-    still follows the target's distribution) and the run of median time per token is kept."""
+    still follows the target's distribution) and the run of median time per token is kept. Ctrl-C raises
+    ``BenchmarkInterrupted`` with the records of the prompts finished so far (a plain KeyboardInterrupt before any)."""
     if not methods or not prompts:
         raise ValueError(f"need at least one method and one prompt, got {len(methods)} and {len(prompts)}")
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    device = prompts[0][1].device
     if warmup_tokens:
         for method in tqdm(methods, desc="warm-up", disable=not progress, leave=False):
             method.run(prompts[0][1], warmup_tokens, temperature, seed)
-    records = []
+    records: list[Record] = []
     bar = tqdm(total=len(prompts) * len(methods) * repeats, desc="benchmark", unit="run", disable=not progress)
-    for question, input_ids in prompts:
-        runs: dict[str, list[MethodRun]] = {method.name: [] for method in methods}
-        peaks: dict[str, float | None] = {}
-        for _ in range(repeats):
-            for method in methods:
-                bar.set_postfix_str(f"{question.category} #{question.question_id} {method.name}")
-                if device.type == "cuda":
-                    torch.cuda.reset_peak_memory_stats(device)
-                runs[method.name].append(method.run(input_ids, max_new_tokens, temperature, seed))
-                peak = peak_memory_mb(device)
-                if peak is not None:  # the largest over the repeats
-                    peaks[method.name] = max(peak, peaks.get(method.name) or 0.0)
-                bar.update(1)
-        sampled = temperature > 0
-        baseline = _median_run(runs[methods[0].name], question, methods[0].name, sampled)
+    try:
+        for question, input_ids in prompts:
+            records += _run_prompt(methods, question, input_ids, max_new_tokens, temperature, seed, repeats, bar)
+    except KeyboardInterrupt:
+        done = len(records) // len(methods)
+        if not done:
+            raise
+        raise BenchmarkInterrupted(records, done, len(prompts)) from None
+    finally:
+        bar.close()
+    return records
+
+
+def _run_prompt(
+    methods: list[Method],
+    question: Question,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+    repeats: int,
+    bar: tqdm,
+) -> list[Record]:
+    """Every method on one prompt, ``repeats`` times interleaved: one record per method (the median run)."""
+    device = input_ids.device
+    runs: dict[str, list[MethodRun]] = {method.name: [] for method in methods}
+    peaks: dict[str, float | None] = {}
+    for _ in range(repeats):
         for method in methods:
-            run = _median_run(runs[method.name], question, method.name, sampled)
-            identical = None if method is methods[0] else run.token_ids == baseline.token_ids
-            seconds = [r.seconds for r in runs[method.name]]
-            records.append(Record(question, method.name, run, identical, peaks.get(method.name), None, seconds))
-    bar.close()
+            bar.set_postfix_str(f"{question.category} #{question.question_id} {method.name}")
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            runs[method.name].append(method.run(input_ids, max_new_tokens, temperature, seed))
+            peak = peak_memory_mb(device)
+            if peak is not None:  # the largest over the repeats
+                peaks[method.name] = max(peak, peaks.get(method.name) or 0.0)
+            bar.update(1)
+    sampled = temperature > 0
+    baseline = _median_run(runs[methods[0].name], question, methods[0].name, sampled)
+    records = []
+    for method in methods:
+        run = _median_run(runs[method.name], question, method.name, sampled)
+        identical = None if method is methods[0] else run.token_ids == baseline.token_ids
+        seconds = [r.seconds for r in runs[method.name]]
+        records.append(Record(question, method.name, run, identical, peaks.get(method.name), None, seconds))
     return records
 
 

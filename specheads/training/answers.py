@@ -23,7 +23,13 @@ from typing import Any
 
 from specheads.training.chat_format import DataError, answered_conversation, to_messages
 from specheads.training.distill import read_jsonl
-from specheads.training.sharegpt import CleanReport, installed_sharegpt_file, stream_json_array, usable_turns
+from specheads.training.sharegpt import (
+    CleanReport,
+    installed_sharegpt_file,
+    record_id,
+    stream_json_array,
+    usable_turns,
+)
 from specheads.training.task_prompts import parse_task_id, task_prompt
 
 PACKED_KEYS = ("id", "prompt_sha256", "answer", "answer_token_ids", "finished", "generated_with", "earlier_answers")
@@ -84,14 +90,21 @@ def read_packed(path: Path) -> list[dict[str, Any]]:
     """The records of a packed answers file, each checked for the keys a join needs."""
     records = []
     with gzip.open(path, "rt", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+        try:
+            lines = list(enumerate(handle, start=1))
+        except (OSError, EOFError) as err:  # not gzip, or cut short
+            raise DataError(f"{path}: unreadable ({err}); expected a gzipped `data pack-answers` file") from None
+    for number, line in lines:
+        if not line.strip():
+            continue
+        try:
             record = json.loads(line)
-            missing = [key for key in ("id", "prompt_sha256", "answer") if key not in record]
-            if missing:
-                raise DataError(f"{path}: record {number} lacks {missing}; expected the keys of {PACKED_KEYS}")
-            records.append(record)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: line {number} is not a JSON record ({err}); the file is damaged") from None
+        missing = [key for key in ("id", "prompt_sha256", "answer") if key not in record]
+        if missing:
+            raise DataError(f"{path}: record {number} lacks {missing}; expected the keys of {PACKED_KEYS}")
+        records.append(record)
     if not records:
         raise DataError(f"{path} holds no packed answers")
     return records
@@ -114,10 +127,11 @@ class JoinReport:
 
 def sharegpt_prompts(ids: set[str], source: Path | None = None) -> Iterator[tuple[str, list[dict[str, str]]]]:
     """(id, turns) of each ShareGPT conversation in ``ids``, cut as cleaning cut it (the first record of that id with
-    an answer); the file is read only until every id is found."""
+    an answer; a record without an id is named by ``record_id``, as cleaning names it); the file is read only until
+    every id is found."""
     left = set(ids)
-    for record in stream_json_array(source or installed_sharegpt_file()):
-        found = str(record.get("id"))
+    for index, record in enumerate(stream_json_array(source or installed_sharegpt_file())):
+        found = record_id(record, index)
         turns = usable_turns(record.get("conversations"), CleanReport()) if found in left else []
         if not turns:  # cleaning dropped a record without an answer, and kept a later one of the same id
             continue

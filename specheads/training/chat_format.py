@@ -5,6 +5,7 @@ Shared by the data loader, the generator's prompt reader, ShareGPT's cleaning an
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 FORMATS = ("auto", "sharegpt", "messages", "prompt_response")
@@ -21,35 +22,64 @@ class DataError(ValueError):
     """The data cannot be turned into training samples; the message says what was found and how to fix it."""
 
 
+def require_file(path: str | Path, what: str, fix: str = "") -> None:
+    """A DataError unless ``path`` is a file: one that is missing, or a folder given where its files belong."""
+    if Path(path).is_dir():
+        raise DataError(f"{what} {path} is a folder; give the file(s) in it")
+    if not Path(path).is_file():
+        raise DataError(f"{what} not found: {path}{fix}")
+
+
 def detect_format(record: dict[str, Any], source: str) -> str:
     """Name the shape of one record (``sharegpt``, ``messages`` or ``prompt_response``) or fail naming its keys."""
-    if "conversations" in record:
+    present = {key for key, value in record.items() if value is not None}  # a JSON reader fills absent keys with None
+    if "conversations" in present:
         return "sharegpt"
-    if "messages" in record:
+    if "messages" in present:
         return "messages"
-    if "prompt" in record and "response" in record:
+    if "prompt" in present and "response" in present:
         return "prompt_response"
-    raise DataError(f"{source}: unknown record shape with keys {sorted(record)}; expected {ACCEPTED_SHAPES}.")
+    raise DataError(f"{source}: unknown record shape with keys {sorted(present)}; expected {ACCEPTED_SHAPES}.")
 
 
 def to_messages(record: dict[str, Any], fmt: str) -> list[dict[str, str]]:
     """Normalise one record of a known shape to OpenAI messages ``[{role, content}]``; content given as a list of
     parts (``[{"type": "text", "text": ...}]``) is joined."""
     if fmt == "messages":
-        return [_message(m["role"], m["content"]) for m in record["messages"]]
+        return [text_message(m["role"], m["content"]) for m in _turns(record, "messages", ("role", "content"))]
     if fmt == "prompt_response":
-        return [_message("user", record["prompt"]), _message("assistant", record["response"])]
+        return [text_message("user", record["prompt"]), text_message("assistant", record["response"])]
     if fmt == "sharegpt":
         messages = []
-        for turn in record["conversations"]:
-            if turn["from"] not in SHAREGPT_ROLES:
+        for turn in _turns(record, "conversations", ("from", "value")):
+            if not isinstance(turn["from"], str) or turn["from"] not in SHAREGPT_ROLES:
                 raise DataError(f"ShareGPT turn has from={turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}.")
-            messages.append(_message(SHAREGPT_ROLES[turn["from"]], turn["value"]))
+            messages.append(text_message(SHAREGPT_ROLES[turn["from"]], turn["value"]))
         return messages
     raise DataError(f"format={fmt!r} is not one of {FORMATS}.")
 
 
-def _message(role: Any, content: Any) -> dict[str, str]:
+def _turns(record: dict[str, Any], key: str, fields: tuple[str, str]) -> list[dict[str, Any]]:
+    """The turns under ``key``, each checked for its two ``fields``: a turn of the other shape (SpecForge writes
+    ``role``/``content`` turns under ``conversations``) names the key its shape is read under."""
+    turns = record.get(key)
+    if not isinstance(turns, list):
+        raise DataError(f"{key!r} holds a {type(turns).__name__}; expected a list of turns with {list(fields)}")
+    other_key, other_fields = (
+        ("messages", {"role", "content"}) if key == "conversations" else ("conversations", {"from", "value"})
+    )
+    for turn in turns:
+        if not isinstance(turn, dict) or not set(fields) <= turn.keys():
+            found = sorted(turn) if isinstance(turn, dict) else type(turn).__name__
+            hint = (
+                f"; turns of {sorted(other_fields)} are read under {other_key!r}" if other_fields <= set(found) else ""
+            )
+            raise DataError(f"a turn under {key!r} has {found}; expected {list(fields)}{hint}")
+    return turns
+
+
+def text_message(role: Any, content: Any) -> dict[str, str]:
+    """One OpenAI message, its content joined when given as text parts, or a DataError naming what it holds."""
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         content = "".join(str(p.get("text", "")) for p in content)
     if not isinstance(role, str) or not isinstance(content, str):

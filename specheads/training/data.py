@@ -15,19 +15,27 @@ keeps its end-of-turn token in the input but not in the loss (the target did not
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import datasets
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from specheads.training.chat_format import ACCEPTED_SHAPES, FORMATS, DataError, detect_format, to_messages
+from specheads.training.chat_format import (
+    ACCEPTED_SHAPES,
+    FORMATS,
+    DataError,
+    detect_format,
+    require_file,
+    to_messages,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +57,25 @@ class DataConfig:
     num_proc: int | None = None
 
 
-def _checked_messages(record: dict[str, Any], fmt: str, source: str) -> list[dict[str, str]]:
+SHAPE_FIELDS = {"sharegpt": ("conversations",), "messages": ("messages",), "prompt_response": ("prompt", "response")}
+"""The fields a record of each shape holds (``chat_format.to_messages`` reads them)."""
+
+
+def _checked_messages(record: dict[str, Any], fmt: str, source: str, detected: bool) -> list[dict[str, str]]:
+    present = sorted(k for k, v in record.items() if v is not None)  # a JSON reader fills absent keys with None
+    missing = [key for key in SHAPE_FIELDS.get(fmt, ()) if key not in present]
+    if missing:
+        shape, fix = (
+            (f"the {fmt} shape of the file's first record", "give each shape its own file")
+            if detected
+            else (f"the {fmt} shape the format setting names", "format auto reads each file's own shape")
+        )
+        raise DataError(
+            f"{source}: a record does not have {shape} (no {missing}; fields present: {present}); {fix} "
+            f"(accepted: {ACCEPTED_SHAPES})."
+        )
     try:
         return to_messages(record, fmt)
-    except (KeyError, TypeError) as err:
-        present = sorted(k for k, v in record.items() if v is not None)
-        raise DataError(
-            f"{source}: a record does not have the {fmt} shape of the file's first record (missing {err}; "
-            f"fields present: {present}); expected {ACCEPTED_SHAPES}."
-        ) from err
     except DataError as err:
         raise DataError(f"{source}: {err}") from None
 
@@ -71,8 +89,8 @@ CONVERSATION_FEATURES = datasets.Features(
 )
 
 
-def _conversation(record: dict[str, Any], fmt: str, source: str) -> dict[str, Any]:
-    messages = _checked_messages(record, fmt, source)
+def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool) -> dict[str, Any]:
+    messages = _checked_messages(record, fmt, source, detected)
     if not messages:
         raise DataError(f"{source}: the conversation has no turns; expected at least a user turn and an answer")
     # an answer before any question (ShareGPT records often open with one) has no prompt to be drafted from
@@ -89,7 +107,7 @@ def _conversation(record: dict[str, Any], fmt: str, source: str) -> dict[str, An
 def _read_json_records(path: Path) -> datasets.Dataset:
     """A JSON or JSONL file as a dataset, or a DataError naming the file (and for JSONL, the first line that is not
     a JSON record) instead of the JSON reader's chained tracebacks."""
-    with path.open("rb") as handle:
+    with _open_text(path) as handle:
         empty = not any(line.strip() for line in handle)
     if empty:
         raise DataError(f"{path} holds no records.")
@@ -116,7 +134,7 @@ def _read_packed_answers(path: Path) -> datasets.Dataset | None:
 
 def _first_bad_line(path: Path) -> str | None:
     """Where a JSONL file stops being one JSON object per line (None for a JSON file that is one document)."""
-    with path.open(encoding="utf-8", errors="replace") as handle:
+    with _open_text(path) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -129,6 +147,13 @@ def _first_bad_line(path: Path) -> str | None:
     return None
 
 
+def _open_text(path: Path) -> IO[str]:
+    """A data file's text, decompressed when its name ends in ``.gz`` (as the JSON reader reads it)."""
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig", errors="replace")
+    return path.open(encoding="utf-8-sig", errors="replace")
+
+
 def load_conversations(cfg: DataConfig) -> datasets.Dataset:
     """Read every file in ``cfg.paths`` (JSON or JSONL) into one dataset with columns ``messages`` and the
     self-distillation fields ``answer_token_ids`` and ``finished`` (None where a file has none)."""
@@ -138,15 +163,20 @@ def load_conversations(cfg: DataConfig) -> datasets.Dataset:
         raise DataError("no data files given: set data.paths to one or more JSON/JSONL files.")
     parts = []
     for path in cfg.paths:
-        if not Path(path).is_file():
-            raise DataError(f"data file not found: {path}")
-        joined = _read_packed_answers(Path(path))
-        raw = joined if joined is not None else _read_json_records(Path(path))
+        require_file(path, "data file")
+        try:
+            joined = _read_packed_answers(Path(path))
+            raw = joined if joined is not None else _read_json_records(Path(path))
+        except (OSError, EOFError) as err:  # a .gz file that is not gzip, or is cut short
+            raise DataError(f"{path}: unreadable ({err}); expected a JSON or JSONL file, gzipped or not") from None
         fmt = "messages" if joined is not None else cfg.format
-        fmt = detect_format(raw[0], path) if fmt == "auto" else fmt
+        detected = fmt == "auto"
+        fmt = detect_format(raw[0], path) if detected else fmt
         parts.append(
             raw.map(
-                lambda record, row, fmt=fmt, path=path: _conversation(record, fmt, f"{path} (record {row + 1})"),
+                lambda record, row, fmt=fmt, path=path, detected=detected: _conversation(
+                    record, fmt, f"{path} (record {row + 1})", detected
+                ),
                 with_indices=True,
                 remove_columns=raw.column_names,
                 features=CONVERSATION_FEATURES,

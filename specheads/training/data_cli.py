@@ -21,6 +21,7 @@ from specheads.arg_types import (
 from specheads.heads import default_eagle3_layer_ids
 from specheads.heads.eagle_config import MIN_EAGLE3_TARGET_LAYERS
 from specheads.shipped_data import find_default_questions
+from specheads.training.chat_format import require_file
 from specheads.training.data import FORMATS, DataConfig, DataError, build_datasets
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -157,9 +158,8 @@ def _cache_features(args: argparse.Namespace) -> int:
     from specheads.target import load_target
     from specheads.training.features import cache_features
 
-    missing = [path for path in args.data if not Path(path).is_file()]
-    if missing:
-        raise DataError(f"data file not found: {', '.join(missing)}")
+    for path in args.data:
+        require_file(path, "data file")
     if args.no_logits and args.topk is not None:
         raise DataError("--no-logits stores no target distribution and --topk keeps its top k: give one of them")
     model, tokenizer = load_target(args.target, device=args.device)
@@ -208,15 +208,15 @@ def _sharegpt(args: argparse.Namespace) -> int:
 def _task_prompts(args: argparse.Namespace) -> int:
     import json
 
-    from specheads.training.distill import read_jsonl
+    from specheads.training.distill import numbered_jsonl
     from specheads.training.task_prompts import make_task_prompts
 
-    if not Path(args.conversations).is_file():
-        raise DataError(f"conversations file not found: {args.conversations}; make it with `specheads data sharegpt`")
+    require_file(args.conversations, "conversations file", "; make it with `specheads data sharegpt`")
     counts = {"translate": args.translate, "summarize": args.summarize, "context_qa": args.context_qa}
     if not any(counts.values()):
         raise DataError("no prompts asked for; give --translate, --summarize and/or --context-qa N")
-    prompts, found = make_task_prompts(read_jsonl(args.conversations), counts, args.seed)
+    conversations = [record for _, record in numbered_jsonl(args.conversations)]  # its last line too
+    prompts, found = make_task_prompts(conversations, counts, args.seed)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as handle:
@@ -231,8 +231,7 @@ def _task_prompts(args: argparse.Namespace) -> int:
 def _pack_answers(args: argparse.Namespace) -> int:
     from specheads.training.answers import pack_answers
 
-    if not Path(args.data).is_file():
-        raise DataError(f"data file not found: {args.data}")
+    require_file(args.data, "data file")
     if not args.out.endswith(".gz"):
         raise DataError(f"--out {args.out} does not end in .gz; the answers are written gzipped (name it *.jsonl.gz)")
     written = pack_answers(Path(args.data), Path(args.out))
@@ -245,8 +244,7 @@ def _join_answers(args: argparse.Namespace) -> int:
 
     from specheads.training.answers import join_answers
 
-    if not Path(args.answers).is_file():
-        raise DataError(f"answers file not found: {args.answers}")
+    require_file(args.answers, "answers file")
     records, report = join_answers(Path(args.answers), args.source and Path(args.source))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

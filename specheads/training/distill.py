@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specheads.training.answering import GenerationSettings, answer_turns, prompt_ids
-from specheads.training.chat_format import DataError, first_question, later_questions, to_messages
+from specheads.training.chat_format import DataError, first_question, later_questions, text_message, to_messages
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def read_prompts(path: str | Path, limit: int | None = None, turns: int = 1) -> 
     records = []
     seen: dict[str, int] = {}  # id -> its line: a resume skips by id, so two prompts with one id lose one
     multi_turn = 0
-    for line_number, record in _numbered_jsonl(path):
+    for line_number, record in numbered_jsonl(path):
         if limit is not None and len(records) >= limit:
             break
         if not isinstance(record, dict) or "id" not in record:
@@ -64,7 +64,10 @@ def read_prompts(path: str | Path, limit: int | None = None, turns: int = 1) -> 
             multi_turn += bool(later) and turns == 1
             messages = first_question(messages)
         elif "prompt" in record:
-            messages = [{"role": "user", "content": record["prompt"]}]
+            try:
+                messages = [text_message("user", record["prompt"])]
+            except DataError as err:
+                raise ValueError(f"{path}:{line_number}: unreadable prompt ({err}).") from None
         else:
             raise ValueError(
                 f"{path}:{line_number}: record needs 'prompt', 'messages' or 'conversations', "
@@ -90,18 +93,29 @@ def read_prompts(path: str | Path, limit: int | None = None, turns: int = 1) -> 
     return records
 
 
-def _numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
-    """Every non-blank line of an input JSONL file with its line number, the last one too (with or without a
-    final newline); an unreadable line is an error naming it."""
+def numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """Every non-blank line of an input JSONL file (a byte-order mark allowed) with its line number, the last one
+    too (with or without a final newline); an unreadable line, a JSON array or a file that is not text is an error
+    naming it."""
     records = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append((number, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not a JSON record ({err}).") from None
+    with open(path, encoding="utf-8-sig") as f:
+        try:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                if not records and line.lstrip().startswith("["):
+                    raise ValueError(
+                        f"{path} is a JSON array; expected JSONL, one record per line (for ShareGPT's JSON file, "
+                        f"`specheads data sharegpt --source {path} --out FILE.jsonl` writes its conversations as JSONL)"
+                    )
+                try:
+                    records.append((number, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{path}:{number}: not a JSON record ({err}).") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"{path} is not UTF-8 text ({err.reason}); expected JSONL (decompress a .gz first)"
+            ) from None
     return records
 
 
@@ -170,6 +184,8 @@ def generate_dataset(
     Each line records how it was generated (``generated_with``: target, token limit, sampling); resuming into a file
     written with other settings is an error rather than a silent mix."""
     out_path = Path(out_path)
+    if out_path.exists() and out_path.resolve() == Path(prompts_path).resolve():  # resuming would cut its last line
+        raise ValueError(f"--out {out_path} is the prompt file; write the answers to another file")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(out_path)
     generated_with = _generated_with(model, settings)

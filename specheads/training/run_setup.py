@@ -20,8 +20,9 @@ from specheads.heads import HEADS, DraftHead, EagleHead, build_vocab_maps, load_
 from specheads.heads.borrowed import warn_on_unknown_logit_finish
 from specheads.heads.interop import export_obstacle
 from specheads.heads.tree_layers import warn_if_trees_cannot_be_verified
+from specheads.training.chat_format import require_file
 from specheads.training.config import ConfigError, TrainConfig
-from specheads.training.data import DataError, build_datasets, collate
+from specheads.training.data import build_datasets, collate
 from specheads.training.feature_cache import (
     FEATURE_CACHES,
     CachedFeatureDataset,
@@ -44,9 +45,8 @@ def check_before_loading(cfg: TrainConfig) -> str:
             "use train.mixed_precision=bf16 (CPU autocast) or no."
         )
     if cfg.features.mode == "online":  # a mistyped data path fails in seconds, not after the target loaded
-        missing = [path for path in cfg.data.paths if not Path(path).is_file()]
-        if missing:
-            raise DataError(f"data file not found: {missing[0]}")
+        for path in cfg.data.paths:
+            require_file(path, "data file")
     return precision
 
 

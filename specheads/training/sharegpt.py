@@ -61,12 +61,13 @@ class ReadReport:
 def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[dict[str, Any]]:
     """Yield the objects of a JSON array one at a time (bounded memory); a record cut off by the end of the file is
     dropped and counted in ``report``; one that stays undecodable over 16 MiB of text with more
-    text after it is a DataError naming its offset.
+    text after it is a DataError naming its offset. A byte-order mark is skipped; a file that is not text is a
+    DataError.
     """
     report = report if report is not None else ReadReport()
     decoder = json.JSONDecoder()
     buffer, pos, consumed, started, eof = "", 0, 0, False, False
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8-sig") as handle:
         while True:
             pos = _skip(buffer, pos, " \t\r\n," if started else " \t\r\n")
             if not started and pos < len(buffer):
@@ -87,7 +88,7 @@ def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[
                 if eof:
                     report.dropped_incomplete += bool(buffer[pos:].strip())
                     return
-                chunk = handle.read(_CHUNK)
+                chunk = _read_text(handle, path)
                 eof = not chunk
                 if chunk and len(buffer) - pos > 16 * _CHUNK:  # the size limit holds unless the file ends here
                     raise malformed from None
@@ -98,6 +99,15 @@ def stream_json_array(path: Path, report: ReadReport | None = None) -> Iterator[
                 raise DataError(f"{path}: found a JSON {type(record).__name__} in the array; expected objects")
             report.records += 1
             yield record
+
+
+def _read_text(handle: Any, path: Path) -> str:
+    try:
+        return handle.read(_CHUNK)
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path} is not UTF-8 text ({err.reason}); expected a JSON array (decompress a .gz first)"
+        ) from None
 
 
 def _cut_off(err: json.JSONDecodeError) -> bool:
@@ -122,7 +132,7 @@ def reference_ngrams(question_files: Iterable[Path], n: int = CONTAMINATION_NGRA
     """Every ``n``-word sequence of every turn of benchmark question files (Spec-Bench's ``question.jsonl``)."""
     grams: set[int] = set()
     for path in question_files:
-        with Path(path).open(encoding="utf-8") as handle:
+        with Path(path).open(encoding="utf-8-sig") as handle:
             for number, line in enumerate(handle, start=1):
                 if not line.strip():
                     continue
@@ -172,6 +182,11 @@ def usable_turns(turns: Any, report: CleanReport) -> list[dict[str, str]]:
     return kept
 
 
+def record_id(record: dict[str, Any], index: int) -> str:
+    """A ShareGPT record's id: its own, or its index in the file when it has none (the join finds it by this too)."""
+    return str(record.get("id", index))
+
+
 def clean_conversations(
     records: Iterable[dict[str, Any]], reference: set[int], report: CleanReport, n: int = CONTAMINATION_NGRAM
 ) -> Iterator[dict[str, Any]]:
@@ -191,7 +206,7 @@ def clean_conversations(
             continue
         seen.add(digest)
         report.kept += 1
-        yield {"id": str(record.get("id", index)), "conversations": turns}
+        yield {"id": record_id(record, index), "conversations": turns}
 
 
 def prepare_sharegpt(

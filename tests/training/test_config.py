@@ -415,6 +415,11 @@ def test_a_missing_data_file_is_said_before_the_target_loads(tmp_path, monkeypat
     overrides = tiny_overrides(tmp_path / "target", missing, tmp_path / "run")
     assert train_main(["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), *overrides]) == 2
     assert f"data file not found: {missing}" in capsys.readouterr().err
+    folder = tmp_path / "data"  # a folder where its files belong: named as a folder, not as missing
+    folder.mkdir()
+    overrides = tiny_overrides(tmp_path / "target", folder, tmp_path / "run")
+    assert train_main(["--config", str(CONFIGS / "medusa" / "smollm2-135m.yaml"), *overrides]) == 2
+    assert f"data file {folder} is a folder; give the file(s) in it" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("scheduler, warned", [("cosine", True), ("constant_with_warmup", False)])

@@ -1,0 +1,187 @@
+"""Training data as users bring it: other tools' shapes, byte-order marks, gzip, JSON arrays, folders, mixed files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from specheads.training.data import DataConfig, DataError, load_conversations
+from specheads.training.data_cli import data_main
+from specheads.training.distill import read_prompts
+from specheads.training.sharegpt import ReadReport, stream_json_array
+
+TURNS = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+SHAREGPT = {"id": "a", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]}
+
+
+def write_lines(path, records, prefix="", end="\n"):
+    path.write_text(prefix + "".join(json.dumps(r) + end for r in records), encoding="utf-8")
+    return path
+
+
+def test_a_record_of_another_shape_is_named_whichever_shape_comes_first(tmp_path):
+    """The JSON reader gives every record every column (None where absent): a prompt/response file whose second
+    record held messages was read as messages, and its first record blamed ("missing 'NoneType' object is not
+    iterable")."""
+    path = write_lines(tmp_path / "mixed.jsonl", [{"prompt": "q", "response": "a"}, {"messages": TURNS}])
+    with pytest.raises(DataError, match=r"mixed.jsonl \(record 2\): .*prompt_response shape.*present: \['messages'\]"):
+        load_conversations(DataConfig(paths=[str(path)]))
+    path = write_lines(tmp_path / "null.jsonl", [SHAREGPT, {"id": "b", "conversations": None}])
+    with pytest.raises(DataError, match=r"null.jsonl \(record 2\): a record does not have the sharegpt shape"):
+        load_conversations(DataConfig(paths=[str(path)]))
+
+
+def test_role_content_turns_under_conversations_name_the_key_they_belong_under(tmp_path):
+    """SpecForge writes OpenAI turns under 'conversations'; the error said "missing 'from'" for training and
+    "unreadable turns ('from')" for generation."""
+    path = write_lines(tmp_path / "specforge.jsonl", [{"id": "1", "conversations": TURNS}])
+    expected = r"has \['content', 'role'\]; expected \['from', 'value'\]; turns of .* are read under 'messages'"
+    with pytest.raises(DataError, match=r"specforge.jsonl \(record 1\): a turn under 'conversations' " + expected):
+        load_conversations(DataConfig(paths=[str(path)]))
+    with pytest.raises(ValueError, match=r"specforge.jsonl:1: unreadable turns \(a turn under 'conversations' "):
+        read_prompts(path)
+
+
+def test_a_prompt_that_is_not_text_is_a_one_line_error(tmp_path):
+    """``{"id": 1, "prompt": 5}`` reached the chat template: a TypeError traceback out of `data generate`."""
+    path = write_lines(tmp_path / "prompts.jsonl", [{"id": "1", "prompt": 5}])
+    with pytest.raises(ValueError, match=r"prompts.jsonl:1: unreadable prompt \(a turn has role='user' and content"):
+        read_prompts(path)
+    parts = [{"type": "text", "text": "Hi"}]
+    path = write_lines(tmp_path / "parts.jsonl", [{"id": "1", "prompt": parts}])
+    assert read_prompts(path)[0]["messages"] == [{"role": "user", "content": "Hi"}]
+
+
+def test_prompt_and_sharegpt_files_may_start_with_a_byte_order_mark(tmp_path):
+    """Training read such files, while `data generate` and `data sharegpt` refused them (an invisible '\\ufeff')."""
+    path = write_lines(tmp_path / "prompts.jsonl", [{"id": "1", "prompt": "Hi"}], prefix="\ufeff", end="\r\n")
+    assert [r["id"] for r in read_prompts(path)] == ["1"]
+    source = tmp_path / "sharegpt.json"
+    source.write_text("\ufeff" + json.dumps([SHAREGPT]), encoding="utf-8")
+    assert [r["id"] for r in stream_json_array(source, ReadReport())] == ["a"]
+
+
+def test_gzipped_or_json_array_prompt_files_say_what_to_do(tmp_path):
+    """A .gz gave "'utf-8' codec can't decode byte 0x8b" without the file's name; ShareGPT's JSON array gave
+    "record has no 'id' (a list)" or "line 1: not a JSON record"."""
+    packed = tmp_path / "prompts.jsonl.gz"
+    packed.write_bytes(gzip.compress(b'{"id": "1", "prompt": "Hi"}\n'))
+    with pytest.raises(ValueError, match=r"prompts.jsonl.gz is not UTF-8 text .*decompress a .gz first"):
+        read_prompts(packed)
+    source = tmp_path / "sharegpt.json.gz"
+    source.write_bytes(gzip.compress(json.dumps([SHAREGPT]).encode()))
+    with pytest.raises(DataError, match=r"sharegpt.json.gz is not UTF-8 text .*decompress a .gz first"):
+        list(stream_json_array(source))
+    for indent in (None, 1):  # one line, or pretty-printed
+        array = tmp_path / "sharegpt.json"
+        array.write_text(json.dumps([SHAREGPT], indent=indent), encoding="utf-8")
+        with pytest.raises(ValueError, match=r"sharegpt.json is a JSON array; expected JSONL.*specheads data sharegpt"):
+            read_prompts(array)
+
+
+def test_gzipped_training_files_that_are_cut_or_damaged_are_one_error_naming_the_line(tmp_path):
+    """A bad line inside a .jsonl.gz was reported as line 1 (the compressed bytes were read as text); a file named
+    .gz that is not gzip, or a download cut short, was a BadGzipFile or EOFError traceback."""
+    good = json.dumps({"messages": TURNS}) + "\n"
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(gzip.compress((good * 2 + '{"messages": [ oops\n' + good).encode()))
+    with pytest.raises(DataError, match=r"bad.jsonl.gz: line 3: Expecting value"):
+        load_conversations(DataConfig(paths=[str(bad)]))
+    plain = tmp_path / "plain.jsonl.gz"
+    plain.write_text(good)
+    whole = gzip.compress((good * 200).encode())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    for path in (plain, cut):
+        with pytest.raises(DataError, match=rf"{path.name}: unreadable \(.*\); expected a JSON or JSONL file"):
+            load_conversations(DataConfig(paths=[str(path)]))
+
+
+def test_the_last_conversation_of_a_task_prompts_file_is_read_without_a_final_newline(tmp_path, capsys):
+    """`data task-prompts` read its input as a generated file, where a last line without a newline is one cut by a
+    kill: a hand-made conversations file lost its last conversation without a word."""
+    german = "Das ist nicht gut und ich bin mit der Arbeit auch nicht zufrieden, aber wir werden es sehen."
+    conversation = {
+        "id": "z",
+        "conversations": [{"from": "human", "value": "Bitte?"}, {"from": "gpt", "value": german}],
+    }
+    conversations = tmp_path / "conversations.jsonl"
+    conversations.write_text(json.dumps(conversation), encoding="utf-8")
+    out = tmp_path / "tasks.jsonl"
+    assert (
+        data_main(["task-prompts", "--conversations", str(conversations), "--out", str(out), "--translate", "5"]) == 0
+    )
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["z#translate:1:0"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pack-answers", "--data", "{dir}", "--out", "{dir}/a.jsonl.gz"],
+        ["join-answers", "--answers", "{dir}", "--out", "{dir}/j.jsonl"],
+        ["task-prompts", "--conversations", "{dir}", "--out", "{dir}/t.jsonl", "--translate", "1"],
+        ["cache-features", "--data", "{dir}", "--out-dir", "{dir}/features"],
+    ],
+)
+def test_a_folder_given_for_a_file_is_named_as_a_folder(argv, tmp_path, capsys):
+    """It was reported as "file not found", while it is right there."""
+    assert data_main([arg.format(dir=tmp_path) for arg in argv]) == 2
+    assert f"{tmp_path} is a folder; give the file(s) in it" in capsys.readouterr().err
+    with pytest.raises(DataError, match=f"data file {tmp_path} is a folder"):
+        load_conversations(DataConfig(paths=[str(tmp_path)]))
+
+
+def test_a_format_set_by_hand_is_named_as_the_setting_not_as_the_first_record(tmp_path):
+    """With ``format: messages`` on a ShareGPT file the error blamed "the file's first record" and said to split
+    the file, where the fix is the setting."""
+    path = write_lines(tmp_path / "sharegpt.jsonl", [SHAREGPT])
+    with pytest.raises(DataError, match=r"record 1\): .*the messages shape the format setting names.*format auto"):
+        load_conversations(DataConfig(paths=[str(path)], format="messages"))
+
+
+def test_sharegpt_records_without_ids_join_back_by_the_index_cleaning_gave_them(tiny_target_dir, tmp_path, capsys):
+    """Cleaning names a record without an id by its index, while the join looked it up as "None": every answer of
+    such a file was left out as "id not in the ShareGPT file"."""
+    from specheads.training.distill import read_jsonl
+
+    source = tmp_path / "sharegpt.json"
+    unnamed = {"conversations": [{"from": "human", "value": "Why?"}, {"from": "gpt", "value": "So."}]}
+    source.write_text(json.dumps([unnamed, SHAREGPT]), encoding="utf-8")
+    clean, generated, packed = tmp_path / "clean.jsonl", tmp_path / "generated.jsonl", tmp_path / "a.jsonl.gz"
+    assert data_main(["sharegpt", "--source", str(source), "--questions", "--out", str(clean)]) == 0
+    target = ["--target", str(tiny_target_dir), "--max-new-tokens", "2"]
+    assert data_main(["generate", *target, "--prompts", str(clean), "--out", str(generated)]) == 0
+    assert data_main(["pack-answers", "--data", str(generated), "--out", str(packed)]) == 0
+    joined = tmp_path / "joined.jsonl"
+    assert data_main(["join-answers", "--answers", str(packed), "--source", str(source), "--out", str(joined)]) == 0
+    assert read_jsonl(joined) == read_jsonl(generated)
+    assert sorted(record["id"] for record in read_jsonl(joined)) == ["0", "a"]
+
+
+def test_a_damaged_packed_answers_file_is_one_error_naming_it(tmp_path, capsys):
+    """A broken line printed the JSON decoder's message without the file or line; a file cut short was an EOFError
+    traceback out of `data join-answers`."""
+    line = json.dumps({"id": "a", "prompt_sha256": "0" * 16, "answer": "Hello"}) + "\n"
+    broken, cut = tmp_path / "broken.jsonl.gz", tmp_path / "cut.jsonl.gz"
+    broken.write_bytes(gzip.compress((line + '{"id": "b", "prompt_sha').encode()))
+    whole = gzip.compress((line * 300).encode())
+    cut.write_bytes(whole[: len(whole) // 2])
+    for path, message in [(broken, "line 2 is not a JSON record"), (cut, "unreadable (Compressed file ended")]:
+        assert data_main(["join-answers", "--answers", str(path), "--out", str(tmp_path / "joined.jsonl")]) == 2
+        assert f"{path}: {message}" in capsys.readouterr().err
+
+
+def test_the_prompt_file_given_as_out_is_refused_before_it_is_touched(tmp_path):
+    """`--out` naming the prompt file read its prompts as answered (0 written) and cut its last line when it had no
+    final newline, taken for a line cut by a kill."""
+    from specheads.training.answering import GenerationSettings
+    from specheads.training.distill import generate_dataset
+
+    prompts = tmp_path / "prompts.jsonl"
+    text = json.dumps({"id": "1", "prompt": "Hi"}) + "\n" + json.dumps({"id": "2", "prompt": "Bye"})
+    prompts.write_text(text, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"--out .*prompts.jsonl is the prompt file; write the answers to another"):
+        generate_dataset(None, None, prompts, tmp_path / "." / "prompts.jsonl", GenerationSettings())
+    assert prompts.read_text(encoding="utf-8") == text
