@@ -122,24 +122,27 @@ def _run_prompt(
                 peaks[method.name] = max(peak, peaks.get(method.name) or 0.0)
             bar.update(1)
     sampled = temperature > 0
-    baseline = _median_run(runs[methods[0].name], question, methods[0].name, sampled)
+    baseline = _median_run(runs[methods[0].name])
+    # at T=0 every repeat must give the baseline's tokens: one that does not is a mismatch in the report
+    reference = runs[methods[0].name][0].token_ids if not sampled else baseline.token_ids
+    if not sampled and any(r.token_ids != reference for r in runs[methods[0].name]):
+        print(
+            f"warning: {methods[0].name} gave different tokens on repeats of question {question.question_id} at T=0 "
+            "(a nondeterministic kernel?); the other methods are compared with its first run",
+            file=sys.stderr,
+        )
     records = []
     for method in methods:
-        run = _median_run(runs[method.name], question, method.name, sampled)
-        identical = None if method is methods[0] else run.token_ids == baseline.token_ids
+        run = _median_run(runs[method.name])
+        repeats_compared = runs[method.name] if not sampled else [run]
+        identical = None if method is methods[0] else all(r.token_ids == reference for r in repeats_compared)
         seconds = [r.seconds for r in runs[method.name]]
         records.append(Record(question, method.name, run, identical, peaks.get(method.name), None, seconds))
     return records
 
 
-def _median_run(runs: list[MethodRun], question: Question, method: str, sampled: bool) -> MethodRun:
-    """The run of median time per token (the lower middle one for an even count); at T=0 every repeat must give the
-    same tokens."""
-    if not sampled and any(r.token_ids != runs[0].token_ids for r in runs):
-        raise RuntimeError(
-            f"{method} gave different tokens on repeats of question {question.question_id} at T=0; a greedy method "
-            "must be deterministic, so its repeats cannot be summarised by one run"
-        )
+def _median_run(runs: list[MethodRun]) -> MethodRun:
+    """The run of median time per token (the lower middle one for an even count)."""
     return sorted(runs, key=lambda r: r.seconds / max(r.new_tokens, 1))[(len(runs) - 1) // 2]
 
 

@@ -359,15 +359,31 @@ def test_repeats_report_the_largest_peak_memory(monkeypatch):
     assert records[0].peak_mem_mb == 9.0
 
 
-def test_repeats_that_disagree_on_tokens_are_an_error():
-    prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
-    outputs = iter([[1, 2], [1, 3]])
+def test_repeats_that_disagree_on_tokens_at_t0_are_mismatches_not_a_lost_run(capsys):
+    """A greedy method whose repeats differed raised a RuntimeError at that prompt: every measurement of the run was
+    lost. Each repeat is now compared with the baseline, a differing one is the method's mismatch in the report, and
+    a baseline that disagrees with itself is a warning."""
+    prompts = [(Question(i, "a", "p"), torch.zeros(1, 3, dtype=torch.long)) for i in (1, 2)]
+    base_out = iter([[1, 2], [1, 2], [5, 6], [5, 7]])  # question 2: the baseline's own repeats differ
+    other_out = iter([[1, 2], [1, 3], [5, 6], [5, 6]])  # question 1: its second repeat differs
 
-    def run(input_ids, max_new_tokens, temperature, seed):
-        return MethodRun(next(outputs), 1.0, 2)
+    def base(input_ids, max_new_tokens, temperature, seed):
+        return MethodRun(next(base_out), 1.0, 2)
 
-    with pytest.raises(RuntimeError, match="different tokens on repeats of question 1 at T=0"):
-        run_benchmark([Method("base", run)], prompts, max_new_tokens=2, warmup_tokens=0, progress=False, repeats=2)
+    def other(input_ids, max_new_tokens, temperature, seed):
+        return MethodRun(next(other_out), 1.0, 2)
+
+    methods = [Method("base", base), Method("other", other)]
+    records = run_benchmark(methods, prompts, max_new_tokens=2, warmup_tokens=0, progress=False, repeats=2)
+    assert [(r.question.question_id, r.method, r.identical) for r in records] == [
+        (1, "base", None),
+        (1, "other", False),
+        (2, "base", None),
+        (2, "other", True),  # equal to the baseline's first run
+    ]
+    report = aggregate(records, methods, {"temperature": 0.0, "repeats": 2})
+    assert [(m["method"], m["question_id"]) for m in report["mismatches"]] == [("other", 1)]
+    assert "base gave different tokens on repeats of question 2 at T=0" in capsys.readouterr().err
 
 
 def test_sampled_repeats_may_differ_and_keep_the_run_of_median_time_per_token():
