@@ -173,7 +173,8 @@ def _check_target(record: TargetRecord, actual: TargetRecord, reads_features: bo
     if mismatches:
         raise HeadConfigError(
             f"head was built for target {record.name_or_path!r}, which differs from the given target "
-            f"{actual.name_or_path!r}: " + "; ".join(mismatches)
+            f"{actual.name_or_path!r}: " + "; ".join(mismatches) + f"; load it with the target it was trained on "
+            f"({record.name_or_path!r}), or train a head for this one"
         )
     other = record.other_weights(actual)
     if other:

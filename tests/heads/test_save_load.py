@@ -180,8 +180,9 @@ def test_a_draft_model_loads_onto_another_size_of_target_with_its_vocabulary(tmp
 
 def test_other_hidden_size_is_an_error(saved_medusa):
     _edit_config(saved_medusa, lambda m: m["config"]["target"].update(hidden_size=32))
-    with pytest.raises(HeadConfigError, match="hidden_size: head was built for 32, target has 64"):
+    with pytest.raises(HeadConfigError, match="hidden_size: head was built for 32, target has 64") as refused:
         load_head(saved_medusa, make_tiny_llama())
+    assert "; load it with the target it was trained on (" in str(refused.value)  # and what to do about it
 
 
 def test_other_weights_with_same_shapes_warn_whatever_the_name(saved_medusa):
