@@ -217,6 +217,9 @@ def _specheads(
     extra: dict[str, Any] = {"tree": spec.tree, "backoff": backoff}
     if spec.auto is not None and curve is not None:
         extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
+        if spec.calibration is not None:  # the curve the tree was priced on: the cached one on the calibration's clock
+            curve = spec.calibration.curve
+            extra["auto_tree"]["clock"] = spec.calibration.clock
         extra["cost_curve"] = asdict(curve)
     description = f"specheads, {what}"
     return specheads_method(name, target, tokenizer, spec.drafter, acceptance, description, extra, backoff, kernels)

@@ -18,6 +18,7 @@ class GenerationStats:
     depth_accepts: list[int] = field(default_factory=list)  # ... and accepted a node at depth d+1
     draft_s: float = 0.0
     verify_s: float = 0.0
+    prefill_s: float = 0.0  # the prompt's forward, also counted in verify_s
     bookkeeping_s: float = 0.0  # accept, commit, stop checks, emitting text
     total_s: float = 0.0
     acceptance: str = "greedy"

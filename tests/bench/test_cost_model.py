@@ -48,6 +48,15 @@ def test_a_size_timed_above_a_larger_one_is_priced_at_the_larger_ones_cost():
     assert CPU.envelope() == CPU.seconds and CPU.at(4) == CPU.seconds[2]  # a rising curve is priced as measured
 
 
+def test_a_cost_curve_is_read_on_another_clock():
+    slow = CPU.scaled(1.5)
+    assert slow.sizes == CPU.sizes and slow.seconds == pytest.approx([1.5 * s for s in CPU.seconds])
+    # three verify steps of 1, 3 and 64 tokens that took 1.5x what the curve prices them at
+    assert CPU.slowdown([1, 3, 64], 1.5 * (CPU.at(1) + CPU.at(3) + CPU.at(64))) == pytest.approx(1.5)
+    assert CPU.slowdown([], 0.0) == 1.0 and CPU.slowdown([4], 0.0) == 1.0  # nothing to compare
+    assert not CPU.timed and CostCurve([1], [0.01], device="x86_64-2t").timed
+
+
 def test_best_first_paths_form_valid_trees_in_decreasing_probability():
     paths = best_first_paths(ACCEPTANCE, 40)
     probs = [p for _, p in paths]
@@ -119,7 +128,7 @@ def test_recording_drafter_keeps_each_steps_position_ranks_and_first_path():
         recorder.observe(None, torch.tensor([8]), None, 4)  # nothing accepted
     first, second = recorder.steps
     # the prompt and the root are in the context at the first step; three tokens are committed by it
-    assert first == [CalibrationStep(6, [0, 0], [10, 12]), CalibrationStep(9, [], [10, 12])]
+    assert first == [CalibrationStep(6, [0, 0], [10, 12], 4), CalibrationStep(9, [], [10, 12], 4)]
     assert [step.position for step in second] == [4, 7]
 
 
@@ -207,10 +216,32 @@ def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
     prompts = [torch.randint(0, 128, (12,)) for _ in range(2)]
     spec = auto_drafter(head, tiny_llama, WordTokenizer(), GPU, prompts, max_new_tokens=12)
     assert spec.auto is not None and spec.tree.startswith("auto:")
+    assert spec.calibration is not None and spec.calibration.clock == 1.0  # a hand-made curve is taken as given
     assert spec.auto.depth <= head.num_heads
     plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=12)
     drafted = SpeculativeGenerator(tiny_llama, WordTokenizer(), spec.drafter).generate(prompts[0], max_new_tokens=12)
     assert drafted.token_ids == plain.token_ids
+
+
+def test_calibration_puts_a_timed_curve_on_its_own_clock(tiny_llama):
+    """make demo's empty auto trees: a curve cached when the machine ran faster priced verification below the
+    drafting timed now, so no tree paid. A timed curve is scaled by what the calibration's verify forwards took."""
+    from specheads.decoding.tuning.auto_tree import auto_drafter
+    from specheads.decoding.tuning.cost_curve import measure_cost_curve
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    torch.manual_seed(0)
+    head = MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), tiny_llama).eval()
+    prompts = [torch.randint(0, 128, (12,)) for _ in range(2)]
+    stale = measure_cost_curve(tiny_llama, sizes=(1, 4, 16), repeats=1).scaled(0.01)  # a machine 100x faster
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), stale, prompts, max_new_tokens=8)
+    calibration = spec.calibration
+    assert calibration is not None and calibration.clock > 10  # ~100, less what the fastest-of timing saved
+    assert calibration.curve.seconds == pytest.approx([s * calibration.clock for s in stale.seconds])
+    assert spec.auto is not None and spec.auto.step_seconds >= calibration.curve.at(1)
+    assert "the machine's speed changed since it was timed" in spec.tree
+    plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=4).stats
+    assert 0 < plain.prefill_s <= plain.verify_s  # the prompt's forward, which no curve prices, is told apart
 
 
 def test_calibration_prices_each_step_s_bookkeeping(tiny_llama):

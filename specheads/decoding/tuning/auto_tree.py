@@ -77,9 +77,10 @@ class Calibration:
 
     sequences: list[torch.Tensor]  # each calibration prompt with its greedy output
     steps: list[list[CalibrationStep]]
-    curve: CostCurve
+    curve: CostCurve  # on the calibration's clock
     draft_cost: DraftCost
     overhead_s: float
+    clock: float = 1.0  # the calibration's verify time over what the curve as given priced it at
 
 
 @dataclass
@@ -125,7 +126,7 @@ def auto_drafter(
     recorder = RecordingDrafter(wide)
     generator = SpeculativeGenerator(target, tokenizer, drafter=recorder, acceptance="greedy", kernels=kernels)
     recorder.max_context = generator.max_context
-    draft_s = overhead_s = 0.0
+    draft_s = overhead_s = verify_s = 0.0
     steps = 0
     sequences = []
     for prompt in prompts:
@@ -134,14 +135,21 @@ def auto_drafter(
         sequences.append(torch.cat([prompt.view(-1).cpu(), torch.tensor(result.token_ids, dtype=torch.long)]))
         draft_s += stats.draft_s
         overhead_s += stats.bookkeeping_s  # the prompt's forward is verify time, not bookkeeping
+        verify_s += stats.verify_s - stats.prefill_s
         steps += len(stats.accepted_lengths)
     per_step = draft_s / max(steps, 1)
     draft_cost = DraftCost(fixed_s=per_step) if head.head_type == "medusa" else DraftCost(per_depth_s=per_step / depth)
     max_nodes = 63 if head.head_type != "draft_model" else CALIBRATION_CHAIN_DEPTH
     overhead = overhead_s / max(steps, 1)
+    # drafting and bookkeeping were timed just now; a cached curve may come from a faster or slower hour of a shared
+    # machine, so it is put on this run's clock by what its own verify forwards took (a hand-made curve is kept)
+    clock = curve.slowdown([s.nodes for request in recorder.steps for s in request], verify_s) if curve.timed else 1.0
+    curve = curve.scaled(clock)
     choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead, max_nodes)
     note = "" if choice.num_nodes else " (drafting does not pay here: plain decoding, the head is not used)"
-    calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead)
+    if not 0.8 <= clock <= 1.25:
+        note += f" (verify costs at {clock:.2f}x the cached curve's: the machine's speed changed since it was timed)"
+    calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead, clock)
     return DrafterSpec(drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice, calibration)
 
 

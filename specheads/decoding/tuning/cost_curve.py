@@ -14,7 +14,7 @@ import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -77,6 +77,21 @@ class CostCurve:
             lowest = min(lowest, seconds)
             priced.append(lowest)
         return priced[::-1]
+
+    @property
+    def timed(self) -> bool:
+        """Measured by ``measure_cost_curve`` (it names the device); a curve given by hand has no device."""
+        return bool(self.device)
+
+    def slowdown(self, nodes: Sequence[int], seconds: float) -> float:
+        """How many times slower than this curve a run went that verified trees of ``nodes`` tokens (root included)
+        in ``seconds`` all told; 1.0 when there is nothing to compare."""
+        priced = sum(self.at(n) for n in nodes)
+        return seconds / priced if priced > 0 and seconds > 0 else 1.0
+
+    def scaled(self, factor: float) -> CostCurve:
+        """The same curve on a clock ``factor`` times slower (the machine's speed changed since it was timed)."""
+        return replace(self, seconds=[s * factor for s in self.seconds])
 
     def relative(self) -> list[float]:
         """Cost of each measured size, as the cost model prices it, relative to one token (1.0 = a decode step)."""

@@ -142,6 +142,7 @@ class CalibrationStep:
     position: int  # context length (prompt + committed tokens, root included) when the tree was proposed
     ranks: list[int]  # the accepted path as ranks among each node's children, root down (empty: nothing accepted)
     first_path: list[int]  # the tokens of the first-choice path (first child at every level), root excluded
+    nodes: int = 1  # tokens the target verified at this step, root included
 
 
 class RecordingDrafter:
@@ -179,7 +180,7 @@ class RecordingDrafter:
     def observe(self, state: Any, fed_tokens: torch.Tensor, hidden_states: Any, root: int) -> None:
         tokens, parents = self._tree
         ranks = self.record(tokens, parents, fed_tokens.view(-1).tolist()[1:] + [root])
-        self.steps[-1].append(CalibrationStep(self._length, ranks, self._first_path))
+        self.steps[-1].append(CalibrationStep(self._length, ranks, self._first_path, len(tokens)))
         self._length += fed_tokens.numel()  # the accepted drafts and the new root
         self.drafter.observe(state, fed_tokens, hidden_states, root)
 
