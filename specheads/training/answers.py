@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specheads.training.chat_format import DataError, answered_conversation, to_messages
+from specheads.training.data import ANSWER_IDS_FIX, answer_ids_problem
 from specheads.training.distill import read_jsonl
 from specheads.training.sharegpt import (
     CleanReport,
@@ -104,6 +105,9 @@ def read_packed(path: Path) -> list[dict[str, Any]]:
         missing = [key for key in ("id", "prompt_sha256", "answer") if key not in record]
         if missing:
             raise DataError(f"{path}: record {number} lacks {missing}; expected the keys of {PACKED_KEYS}")
+        problem = answer_ids_problem(record.get("answer_token_ids"))
+        if problem is not None:
+            raise DataError(f"{path}: record {number}: answer_token_ids holds {problem}; {ANSWER_IDS_FIX}")
         records.append(record)
     if not records:
         raise DataError(f"{path} holds no packed answers")
@@ -126,17 +130,23 @@ class JoinReport:
 
 
 def sharegpt_prompts(ids: set[str], source: Path | None = None) -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """(id, turns) of each ShareGPT conversation in ``ids``, cut as cleaning cut it (the first record of that id with
-    an answer; a record without an id is named by ``record_id``, as cleaning names it); the file is read only until
-    every id is found."""
+    """(id, turns) of each ShareGPT conversation in ``ids`` that cleaning may have kept, cut as it cut them, a last
+    unanswered question included (``data sharegpt --keep-unanswered`` keeps it as a prompt; a join reads only the
+    questions that were answered); a record without an id is named by ``record_id``, as cleaning names it.
+
+    An id may repeat: its records are read up to the first with an answer, the one cleaning for training keeps
+    (dropping those that are only a question, which ``--keep-unanswered`` keeps); the join tries each. The file is
+    read only until every id is found."""
     left = set(ids)
     for index, record in enumerate(stream_json_array(source or installed_sharegpt_file())):
         found = record_id(record, index)
-        turns = usable_turns(record.get("conversations"), CleanReport()) if found in left else []
-        if not turns:  # cleaning dropped a record without an answer, and kept a later one of the same id
+        turns = usable_turns(record.get("conversations"), CleanReport(), keep_unanswered=True) if found in left else []
+        if not turns:
             continue
-        left.discard(found)
-        yield found, to_messages({"conversations": turns}, "sharegpt")
+        messages = to_messages({"conversations": turns}, "sharegpt")
+        if any(m["role"] == "assistant" for m in messages):
+            left.discard(found)
+        yield found, messages
         if not left:
             return
 
@@ -165,15 +175,18 @@ def join_answers(path: Path, source: Path | None = None) -> tuple[list[dict[str,
     """The conversations of a packed answers file, each prompt read back from ShareGPT (the installed package or
     ``source``), in the packed file's order; a DataError when none could be joined."""
     packed = read_packed(path)
-    prompts = dict(sharegpt_prompts({conversation_id(record["id"]) for record in packed}, source))
+    prompts: dict[str, list[list[dict[str, str]]]] = {}
+    for found, conversation in sharegpt_prompts({conversation_id(record["id"]) for record in packed}, source):
+        prompts.setdefault(found, []).append(conversation)
     report, joined = JoinReport(), []
     for record in packed:
-        conversation = prompts.get(conversation_id(record["id"]))
-        if conversation is None:
+        conversations = prompts.get(conversation_id(record["id"]))
+        if conversations is None:
             report.id_not_found += 1
             continue
-        messages = _answered(record, conversation)
-        if not messages or prompt_digest(messages[:-1]) != record["prompt_sha256"]:
+        answered = (_answered(record, conversation) for conversation in conversations)
+        messages = next((m for m in answered if m and prompt_digest(m[:-1]) == record["prompt_sha256"]), None)
+        if messages is None:
             report.prompt_changed += 1
         else:
             report.joined += 1

@@ -5,8 +5,11 @@ text and the end-of-turn token that closes it (the target must learn when to sto
 header (``<|im_start|>assistant\\n``), the system prompt or the user's turns.
 
 The mask is found on characters, not tokens: each assistant turn's character span is read off incremental renders
-of the template (``messages[:i]`` + generation prompt, then ``messages[:i+1]``), and the full render is tokenized
-once with an offset mapping, so token-merging across a span boundary cannot shift the mask.
+of the template (``messages[:i]`` + generation prompt, then ``messages[:i+1]``), the full render is tokenized once
+with an offset mapping, and a token is trained only when all of its characters lie inside a span. A token that
+merges the header's last character with the answer's first ones (SmolLM2's ``\\n`` after ``assistant`` with an
+answer's leading ``\\n`` or space, as one ``ĊĊ`` or ``ĊĠ``) is template in part, and the target never writes it (its
+prompt ends at the header): it carries no loss, and the answer's loss starts at the next token.
 
 Self-distilled records (``specheads data generate``) also carry the target's own ids for the final answer
 (``answer_token_ids``), used instead of re-encoding its text, and ``finished``: an answer cut at ``max_new_tokens``
@@ -89,7 +92,36 @@ CONVERSATION_FEATURES = datasets.Features(
 )
 
 
-def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool) -> dict[str, Any]:
+ANSWER_IDS_FIX = (
+    "expected a list of the target's token ids (ints from 0 up to its vocabulary), as `specheads data generate` "
+    "writes them; regenerate the answer, or remove answer_token_ids to train on its text re-encoded"
+)
+
+
+def answer_ids_problem(value: Any, vocab_size: int | None = None) -> str | None:
+    """What a record's ``answer_token_ids`` holds that is not a token id below ``vocab_size`` (None: nothing)."""
+    if not isinstance(value, list):
+        return None if value is None else f"a {type(value).__name__} ({str(value)[:40]!r})"
+    for position, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int):
+            return f"a {type(token).__name__} ({str(token)[:40]!r}) at position {position}"
+        if not 0 <= token < (vocab_size or math.inf):
+            limit = f" (the tokenizer has {vocab_size} ids)" if vocab_size else ""
+            return f"id {token} at position {position}{limit}"
+    return None
+
+
+def _read_answer_ids(record: dict[str, Any], source: str, vocab_size: int | None) -> list[int] | None:
+    value = record.get("answer_token_ids")
+    if isinstance(value, list):  # the JSON reader reads a column's ints as floats when one record holds a float
+        value = [int(t) if isinstance(t, float) and t.is_integer() else t for t in value]
+    problem = answer_ids_problem(value, vocab_size)
+    if problem is not None:
+        raise DataError(f"{source}: answer_token_ids holds {problem}; {ANSWER_IDS_FIX}")
+    return value
+
+
+def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool, vocab: int | None) -> dict[str, Any]:
     messages = _checked_messages(record, fmt, source, detected)
     if not messages:
         raise DataError(f"{source}: the conversation has no turns; expected at least a user turn and an answer")
@@ -98,10 +130,15 @@ def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool)
     messages = messages[opening:]
     if not messages:
         raise DataError(f"{source}: the conversation holds only answers; expected a user turn before an answer")
-    answer_ids, finished = record.get("answer_token_ids"), record.get("finished")
+    answer_ids, finished = _read_answer_ids(record, source, vocab), record.get("finished")
     if (answer_ids is not None or finished is not None) and (not messages or messages[-1]["role"] != "assistant"):
         raise DataError(f"{source}: answer_token_ids/finished describe the last turn, which is not an answer")
     return {"messages": messages, "answer_token_ids": answer_ids, "finished": finished}
+
+
+def _record_label(path: str, record: dict[str, Any], row: int, packed: bool) -> str:
+    """Where a record is in its file: its number, or in a packed answers file (joined, some left out) its id."""
+    return f"{path} (id {record['id']!r})" if packed else f"{path} (record {row + 1})"
 
 
 def _read_json_records(path: Path) -> datasets.Dataset:
@@ -123,7 +160,7 @@ def _read_json_records(path: Path) -> datasets.Dataset:
 def _read_packed_answers(path: Path) -> datasets.Dataset | None:
     """A packed answers file (``specheads data pack-answers``) joined with its ShareGPT prompts, or None for any
     other file."""
-    from specheads.training.answers import is_packed_answers, join_answers  # it reads this module's shapes
+    from specheads.training.answers import is_packed_answers, join_answers  # it imports this module
 
     if not is_packed_answers(path):
         return None
@@ -144,6 +181,9 @@ def _first_bad_line(path: Path) -> str | None:
                 return None if number == 1 and line.lstrip().startswith("[") else f"line {number}: {err}"
             if not isinstance(record, dict):
                 return f"line {number}: found a JSON {type(record).__name__}; expected one JSON object per line"
+            problem = answer_ids_problem(record.get("answer_token_ids"))
+            if problem is not None:
+                return f"line {number}: answer_token_ids holds {problem}; {ANSWER_IDS_FIX}"
     return None
 
 
@@ -154,9 +194,10 @@ def _open_text(path: Path) -> IO[str]:
     return path.open(encoding="utf-8-sig", errors="replace")
 
 
-def load_conversations(cfg: DataConfig) -> datasets.Dataset:
+def load_conversations(cfg: DataConfig, vocab_size: int | None = None) -> datasets.Dataset:
     """Read every file in ``cfg.paths`` (JSON or JSONL) into one dataset with columns ``messages`` and the
-    self-distillation fields ``answer_token_ids`` and ``finished`` (None where a file has none)."""
+    self-distillation fields ``answer_token_ids`` (each id below ``vocab_size`` when given) and ``finished`` (None
+    where a file has none)."""
     if cfg.format not in FORMATS:
         raise DataError(f"data format={cfg.format!r} is not one of {FORMATS}.")
     if not cfg.paths:
@@ -174,8 +215,8 @@ def load_conversations(cfg: DataConfig) -> datasets.Dataset:
         fmt = detect_format(raw[0], path) if detected else fmt
         parts.append(
             raw.map(
-                lambda record, row, fmt=fmt, path=path, detected=detected: _conversation(
-                    record, fmt, f"{path} (record {row + 1})", detected
+                lambda record, row, fmt=fmt, path=path, detected=detected, packed=joined is not None: _conversation(
+                    record, fmt, _record_label(path, record, row, packed), detected, vocab_size
                 ),
                 with_indices=True,
                 remove_columns=raw.column_names,
@@ -268,13 +309,16 @@ def tokenize_conversation(
 def _encode_masked(
     text: str, offset: int, spans: list[tuple[int, int]], tokenizer: PreTrainedTokenizerBase
 ) -> tuple[list[int], list[int]]:
-    """Encode ``text`` (which starts at character ``offset`` of the render); mask tokens inside ``spans``."""
+    """Encode ``text`` (which starts at character ``offset`` of the render); mask the tokens that lie inside ``spans``,
+    each from the previous token's end (offsets trimmed of whitespace would hide a space taken from the header)."""
     if not text:
         return [], []
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [
-        int(any(offset + s < end and offset + e > start for start, end in spans)) for s, e in encoded["offset_mapping"]
-    ]
+    mask, previous_end = [], 0
+    for s, e in encoded["offset_mapping"]:
+        first = offset + min(s, previous_end)
+        mask.append(int(any(start <= first and offset + e <= end for start, end in spans)))
+        previous_end = max(previous_end, e)
     return list(encoded["input_ids"]), mask
 
 
@@ -341,7 +385,7 @@ def split_train_eval(dataset: datasets.Dataset, cfg: DataConfig) -> tuple[datase
 def build_datasets(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Train and eval datasets with columns ``input_ids`` and ``loss_mask`` (lists of ints) and ``source`` (the
     sample's record index across ``cfg.paths``, in order), deterministic."""
-    return split_train_eval(tokenize_dataset(load_conversations(cfg), tokenizer, cfg), cfg)
+    return split_train_eval(tokenize_dataset(load_conversations(cfg, len(tokenizer)), tokenizer, cfg), cfg)
 
 
 def collate(batch: list[dict[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -98,6 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         "Spec-Bench questions; give none to skip the check)",
     )
     share.add_argument("--limit", type=positive_int, default=None, help="stop after N kept conversations")
+    share.add_argument(
+        "--keep-unanswered",
+        action="store_true",
+        help="write prompts for `data generate`: keep a last question that no answer follows (dropped for training, "
+        "where it holds nothing to learn), and conversations that are only a question",
+    )
 
     tasks = commands.add_parser(
         "task-prompts", help="prompts of the benchmark's task types (translation, summaries, passage QA) from ShareGPT"
@@ -198,7 +204,8 @@ def _sharegpt(args: argparse.Namespace) -> int:
     missing = [str(q) for q in questions if not q.is_file()]
     if missing:
         raise DataError(f"question file not found: {', '.join(missing)}; give --questions FILE (or none to skip)")
-    read, cleaned = prepare_sharegpt(Path(args.out), args.source and Path(args.source), questions, args.limit)
+    source = args.source and Path(args.source)
+    read, cleaned = prepare_sharegpt(Path(args.out), source, questions, args.limit, args.keep_unanswered)
     print(f"read {read.records} complete records ({read.dropped_incomplete} cut off at the end of the file, dropped)")
     print(cleaned.summary())
     print(f"wrote {cleaned.kept} conversations to {args.out}")

@@ -9,7 +9,10 @@ or leak the benchmark, and counts each removal:
   https://arxiv.org/abs/2005.14165), so Spec-Bench numbers measure unseen prompts;
 - turns that are empty, not text, or from an unknown speaker: the conversation is cut before the first such turn
   (what precedes it is a whole exchange), and dropped when no answer is left;
-- leading assistant turns (an answer to nothing) and exact duplicate conversations.
+- leading assistant turns (an answer to nothing) and exact duplicate conversations;
+- a last question that no answer follows: it holds nothing to train on. With ``keep_unanswered`` (``specheads data
+  sharegpt --keep-unanswered``) it is kept, and so is a conversation that is only a question: the file is then a
+  prompt file for ``specheads data generate``, whose target answers that question.
 """
 
 from __future__ import annotations
@@ -155,17 +158,20 @@ class CleanReport:
     removed: Counter = field(default_factory=Counter)
     cut_at_bad_turn: int = 0
     leading_answers_trimmed: int = 0
+    unanswered_questions_dropped: int = 0
 
     def summary(self) -> str:
         removed = ", ".join(f"{n} {why}" for why, n in sorted(self.removed.items())) or "none"
         return (
             f"kept {self.kept} conversations; removed: {removed}; cut before an empty, non-text or unknown-speaker "
-            f"turn: {self.cut_at_bad_turn}; leading answers trimmed: {self.leading_answers_trimmed}"
+            f"turn: {self.cut_at_bad_turn}; leading answers trimmed: {self.leading_answers_trimmed}; "
+            f"unanswered last questions dropped: {self.unanswered_questions_dropped}"
         )
 
 
-def usable_turns(turns: Any, report: CleanReport) -> list[dict[str, str]]:
-    """The conversation's turns up to the first unusable one, starting at the first non-answer turn."""
+def usable_turns(turns: Any, report: CleanReport, keep_unanswered: bool = False) -> list[dict[str, str]]:
+    """The conversation's turns up to the first unusable one, from the first non-answer turn to the last answer
+    (with ``keep_unanswered``, to a last question that no answer follows: the prompt a regeneration answers)."""
     kept: list[dict[str, str]] = []
     for turn in turns if isinstance(turns, list) else []:
         speaker = turn.get("from") if isinstance(turn, dict) else None
@@ -177,9 +183,10 @@ def usable_turns(turns: Any, report: CleanReport) -> list[dict[str, str]]:
     start = next((i for i, t in enumerate(kept) if SHAREGPT_ROLES[t["from"]] != "assistant"), len(kept))
     report.leading_answers_trimmed += start > 0
     kept = kept[start:]
-    while kept and SHAREGPT_ROLES[kept[-1]["from"]] != "assistant":
-        kept.pop()  # a trailing question has no answer to train on
-    return kept
+    ends = ("user", "assistant") if keep_unanswered else ("assistant",)
+    end = max((i + 1 for i, t in enumerate(kept) if SHAREGPT_ROLES[t["from"]] in ends), default=0)
+    report.unanswered_questions_dropped += any(SHAREGPT_ROLES[t["from"]] == "user" for t in kept[end:])
+    return kept[:end]
 
 
 def record_id(record: dict[str, Any], index: int) -> str:
@@ -188,14 +195,20 @@ def record_id(record: dict[str, Any], index: int) -> str:
 
 
 def clean_conversations(
-    records: Iterable[dict[str, Any]], reference: set[int], report: CleanReport, n: int = CONTAMINATION_NGRAM
+    records: Iterable[dict[str, Any]],
+    reference: set[int],
+    report: CleanReport,
+    n: int = CONTAMINATION_NGRAM,
+    keep_unanswered: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Yield ``{"id", "conversations"}`` records fit for training; count every removal in ``report``."""
+    """Yield ``{"id", "conversations"}`` records fit for training (with ``keep_unanswered``: for regeneration, each
+    with a question to answer); count every removal in ``report``."""
     seen: set[bytes] = set()
+    needed = "user" if keep_unanswered else "assistant"
     for index, record in enumerate(records):
-        turns = usable_turns(record.get("conversations"), report)
-        if not turns:
-            report.removed["without a usable answer"] += 1
+        turns = usable_turns(record.get("conversations"), report, keep_unanswered)
+        if not any(SHAREGPT_ROLES[t["from"]] == needed for t in turns):
+            report.removed["without a usable question" if keep_unanswered else "without a usable answer"] += 1
             continue
         if reference and any(word_ngrams(t["value"], n) & reference for t in turns):
             report.removed["overlapping the benchmark questions"] += 1
@@ -210,18 +223,32 @@ def clean_conversations(
 
 
 def prepare_sharegpt(
-    out: Path, source: Path | None, question_files: list[Path], limit: int | None = None
+    out: Path,
+    source: Path | None,
+    question_files: list[Path],
+    limit: int | None = None,
+    keep_unanswered: bool = False,
 ) -> tuple[ReadReport, CleanReport]:
-    """Stream ``source`` (default: the installed package's file), clean it, write JSONL to ``out`` atomically."""
+    """Stream ``source`` (default: the installed package's file), clean it, write JSONL to ``out`` atomically; a
+    source without one complete record is a DataError, and ``out`` is left as it was."""
     source = source or installed_sharegpt_file()
     reference = reference_ngrams(question_files)
     read, cleaned = ReadReport(), CleanReport()
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(out.name + ".partial")
     with partial.open("w", encoding="utf-8") as handle:
-        for record in clean_conversations(stream_json_array(source, read), reference, cleaned):
+        records = stream_json_array(source, read)
+        for record in clean_conversations(records, reference, cleaned, keep_unanswered=keep_unanswered):
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
             if limit is not None and cleaned.kept >= limit:
                 break
+    if read.records == 0:
+        partial.unlink()
+        cut = f", {read.dropped_incomplete} cut off at its end" if read.dropped_incomplete else ""
+        raise DataError(
+            f"{source} holds no complete ShareGPT record ({source.stat().st_size} bytes{cut}); expected a JSON array "
+            "of {'id', 'conversations'} records: give ShareGPT's JSON file, or leave --source out to read the "
+            "installed package's"
+        )
     partial.replace(out)
     return read, cleaned

@@ -29,11 +29,13 @@ SOURCE = [
 ]
 
 
-def generate_and_pack(tiny_target_dir, tmp_path, source: list[dict]) -> tuple[list[dict], str]:
+def generate_and_pack(
+    tiny_target_dir, tmp_path, source: list[dict], clean_args: tuple[str, ...] = ()
+) -> tuple[list[dict], str]:
     """ShareGPT records cleaned (``data sharegpt``), answered by the tiny target (``data generate``), and packed."""
     source_file, clean = tmp_path / "sharegpt.json", tmp_path / "clean.jsonl"
     source_file.write_text(json.dumps(source))
-    assert data_main(["sharegpt", "--source", str(source_file), "--questions", "--out", str(clean)]) == 0
+    assert data_main(["sharegpt", "--source", str(source_file), "--questions", *clean_args, "--out", str(clean)]) == 0
     generated = tmp_path / "generated.jsonl"
     args = ["--target", str(tiny_target_dir), "--prompts", str(clean), "--out", str(generated)]
     assert data_main(["generate", *args, "--max-new-tokens", "6"]) == 0
@@ -80,6 +82,41 @@ def test_a_repeated_id_joins_the_record_that_cleaning_kept(tiny_target_dir, tmp_
     assert sorted(r["id"] for r in generated) == ["a_0", "b_1"]  # answered shortest first
     records, report = join_answers(tmp_path / "answers.jsonl.gz", tmp_path / "sharegpt.json")
     assert records == generated and report.joined == 2
+
+
+def test_unanswered_questions_kept_as_prompts_are_answered_and_join_back(tiny_target_dir, tmp_path):
+    """``data sharegpt --keep-unanswered`` keeps a last question that no answer follows, and a conversation that is
+    only a question, as prompts: the target's answers to them (a second turn's written here as ``data generate
+    --turns 2`` writes it) join back. The join cut such questions off, as cleaning for training does, and found
+    none of these answers' prompts."""
+    source = [
+        chat("open_5", ("human", "Name a colour."), ("gpt", "Blue."), ("human", "Another?")),
+        chat("only_6", ("human", "Count to three.")),
+    ]
+    generated, _ = generate_and_pack(tiny_target_dir, tmp_path, source, ("--keep-unanswered",))
+    assert {r["id"]: r["messages"][0]["content"] for r in generated} == {
+        "open_5": "Name a colour.",
+        "only_6": "Count to three.",
+    }
+    records, report = join_answers(tmp_path / "answers.jsonl.gz", tmp_path / "sharegpt.json")
+    assert records == generated and report.joined == 2
+    second = {
+        "id": "open_5",
+        "messages": [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Green."},
+            {"role": "user", "content": "Another?"},
+            {"role": "assistant", "content": "Yellow."},
+        ],
+        "answer_token_ids": [11, 12],
+        "finished": True,
+        "generated_with": {"target": "t", "max_new_tokens": 8, "temperature": 0.0, "turns": 2},
+    }
+    (tmp_path / "two-turns.jsonl").write_text(json.dumps(second) + "\n")
+    packed = tmp_path / "two-turns.jsonl.gz"
+    assert data_main(["pack-answers", "--data", str(tmp_path / "two-turns.jsonl"), "--out", str(packed)]) == 0
+    records, report = join_answers(packed, tmp_path / "sharegpt.json")
+    assert records == [second] and report.joined == 1
 
 
 def test_pack_refuses_a_file_that_is_not_generated_answers(tmp_path, capsys):

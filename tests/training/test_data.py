@@ -104,6 +104,22 @@ def test_mask_decodes_to_assistant_text_with_spaces_and_newlines(smollm2_tokeniz
     assert cut["truncated"] and cut["loss_mask"] == sample["loss_mask"][: len(cut["loss_mask"])]
 
 
+@pytest.mark.parametrize(
+    "answer, merged", [("\n\nHello there.", "ĊĊ"), ("  Hello there.", "ĊĠ")], ids=["newline", "space"]
+)
+def test_a_token_that_joins_the_header_to_the_answer_carries_no_loss(smollm2_tokenizer, answer, merged):
+    """SmolLM2's header ends in a newline, which merges with an answer's leading newline or space into one token: it
+    was trained as an answer token, though part of it is the template's and the target (its prompt ends at the
+    header) never writes it."""
+    tokenizer = smollm2_tokenizer
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": answer}]
+    sample = tokenize_conversation(messages, tokenizer, max_length=256)
+    tokens = tokenizer.convert_ids_to_tokens(sample["input_ids"])
+    at = tokens.index(merged)
+    assert tokens[at - 2 : at] == ["ass", "istant"] and sample["loss_mask"][at] == 0
+    assert masked_text(tokenizer, sample) == [answer[1:] + END]  # the answer from its first token of its own
+
+
 def test_build_datasets_reads_all_shapes_truncates_and_splits(smollm2_tokenizer, tmp_path):
     tokenizer = smollm2_tokenizer
     pairs = [{"prompt": f"Question {i}?", "response": f"Answer number {i}."} for i in range(6)]

@@ -185,3 +185,56 @@ def test_the_prompt_file_given_as_out_is_refused_before_it_is_touched(tmp_path):
     with pytest.raises(ValueError, match=r"--out .*prompts.jsonl is the prompt file; write the answers to another"):
         generate_dataset(None, None, prompts, tmp_path / "." / "prompts.jsonl", GenerationSettings())
     assert prompts.read_text(encoding="utf-8") == text
+
+
+BAD_ANSWER_IDS = {
+    "text": ("1 2 3", r"a str \('1 2 3'\)"),
+    "nested": ([[1, 2], [3]], r"a list \('\[1, 2\]'\) at position 0"),
+    "negative": ([5, -1], r"id -1 at position 1"),
+    "float": ([5, 1.5], r"a float \('1.5'\) at position 1"),
+}
+
+
+@pytest.mark.parametrize("ids, found", BAD_ANSWER_IDS.values(), ids=BAD_ANSWER_IDS.keys())
+def test_answer_token_ids_that_are_not_token_ids_are_one_error_naming_the_record(ids, found, tmp_path, capsys):
+    """In a packed answers file (or a generated one), answer_token_ids holding text, nested lists or floats was a
+    pyarrow ArrowInvalid traceback out of training or `data join-answers`; negative ids loaded without a word."""
+    good = {"id": "a", "prompt_sha256": "0" * 16, "answer": "Hello", "answer_token_ids": [5, 6], "finished": True}
+    packed = tmp_path / "answers.jsonl.gz"
+    lines = [good, {**good, "id": "b", "answer_token_ids": ids}]
+    packed.write_bytes(gzip.compress("".join(json.dumps(line) + "\n" for line in lines).encode()))
+    fix = r"; expected a list of the target's token ids .* or remove answer_token_ids to train on its text re-encoded$"
+    with pytest.raises(DataError, match=rf"answers.jsonl.gz: record 2: answer_token_ids holds {found}{fix}"):
+        load_conversations(DataConfig(paths=[str(packed)]))
+    assert data_main(["join-answers", "--answers", str(packed), "--out", str(tmp_path / "joined.jsonl")]) == 2
+    assert "answers.jsonl.gz: record 2: answer_token_ids holds" in capsys.readouterr().err
+    generated = [{"messages": TURNS, "answer_token_ids": [5, 6]}, {"messages": TURNS, "answer_token_ids": ids}]
+    path = write_lines(tmp_path / "generated.jsonl", generated)
+    # the JSON reader refuses a column of mixed types (the line is named) or reads it (the record is named)
+    with pytest.raises(DataError, match=rf"generated.jsonl(: line 2| \(record 2\)): answer_token_ids holds {found}"):
+        load_conversations(DataConfig(paths=[str(path)]))
+
+
+def test_answer_token_ids_beyond_the_vocabulary_name_the_record(smollm2_tokenizer, tmp_path):
+    """Ids of another tokenizer loaded, and failed as an index error in the target's embedding."""
+    import re
+
+    from specheads.training.answers import prompt_digest, sharegpt_prompts
+    from specheads.training.chat_format import first_question
+    from specheads.training.data import build_datasets
+    from specheads.training.sharegpt import installed_sharegpt_file, record_id
+
+    vocab = len(smollm2_tokenizer)
+    path = write_lines(tmp_path / "generated.jsonl", [{"messages": TURNS, "answer_token_ids": [5, vocab]}])
+    expected = rf"generated.jsonl \(record 1\): answer_token_ids holds id {vocab} at position 1 \(the tokenizer has"
+    with pytest.raises(DataError, match=expected):
+        build_datasets(DataConfig(paths=[str(path)], eval_size=0), smollm2_tokenizer)
+    first = record_id(next(stream_json_array(installed_sharegpt_file())), 0)
+    ((_, conversation),) = sharegpt_prompts({first})
+    digest = prompt_digest(first_question(conversation))
+    line = {"id": first, "prompt_sha256": digest, "answer": "Hi", "answer_token_ids": [vocab + 7], "finished": True}
+    packed = tmp_path / "answers.jsonl.gz"
+    packed.write_bytes(gzip.compress((json.dumps(line) + "\n").encode()))
+    expected = rf"answers.jsonl.gz \(id {re.escape(repr(first))}\): answer_token_ids holds id {vocab + 7} at position 0"
+    with pytest.raises(DataError, match=expected):
+        build_datasets(DataConfig(paths=[str(packed)], eval_size=0), smollm2_tokenizer)

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from specheads.training.data import DataConfig, build_datasets
 from specheads.training.data_cli import data_main
+from specheads.training.distill import read_prompts
 from specheads.training.sharegpt import (
     SHAREGPT_REQUIREMENT,
     CleanReport,
@@ -120,6 +121,51 @@ def test_cleaning_removes_overlap_bad_turns_leading_answers_and_duplicates(quest
             [chat("n", turn("human", near), turn("gpt", "a"))], reference_ngrams([questions]), CleanReport()
         )
     )
+
+
+def test_an_unanswered_last_question_is_counted_for_training_and_kept_for_regeneration(tmp_path, capsys):
+    """A last question that no answer follows was dropped without a count; and a prompt file for `data generate`
+    (which reads the cleaned file) lost it too, while it is the very prompt a regeneration answers: a conversation
+    that was only a question was no prompt at all."""
+    records = [
+        chat("open", turn("human", "q1"), turn("gpt", "a1"), turn("human", "q2")),
+        chat("only", turn("human", "Just a question?")),
+        chat("done", turn("human", "q"), turn("gpt", "a")),
+    ]
+    report = CleanReport()
+    kept = list(clean_conversations(records, set(), report))
+    assert [r["conversations"] for r in kept] == [[turn("human", "q1"), turn("gpt", "a1")], records[2]["conversations"]]
+    assert report.unanswered_questions_dropped == 2 and report.removed == {"without a usable answer": 1}
+    report = CleanReport()
+    prompts = list(clean_conversations(records, set(), report, keep_unanswered=True))
+    assert prompts == records and report.unanswered_questions_dropped == 0 and not report.removed
+    source, out = tmp_path / "sharegpt.json", tmp_path / "clean.jsonl"
+    source.write_text(json.dumps([*records, chat("none", turn("system", "Be brief."))]))
+    assert data_main(["sharegpt", "--source", str(source), "--questions", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "2 without a usable answer" in printed and "unanswered last questions dropped: 2" in printed
+    assert data_main(["sharegpt", "--source", str(source), "--questions", "--keep-unanswered", "--out", str(out)]) == 0
+    assert "1 without a usable question" in capsys.readouterr().out
+    asked = {r["id"]: r for r in read_prompts(out, turns=2)}
+    assert asked["only"]["messages"] == [{"role": "user", "content": "Just a question?"}]
+    assert asked["open"]["later_questions"] == ["q2"] and "later_questions" not in asked["done"]
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["", " \n", "[]", '[{"id": "a", "conversations": [{"from": "human", "val'],
+    ids=["empty", "blank", "no records", "cut off"],
+)
+def test_a_source_without_a_complete_record_is_an_error_not_an_empty_output(tmp_path, content, capsys):
+    """An empty (0-byte) or record-less --source wrote an output of 0 conversations without a word."""
+    source, out = tmp_path / "sharegpt.json", tmp_path / "clean.jsonl"
+    source.write_text(content)
+    out.write_text("earlier output\n")
+    assert data_main(["sharegpt", "--source", str(source), "--questions", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{source} holds no complete ShareGPT record ({len(content)} bytes" in err
+    assert "expected a JSON array of {'id', 'conversations'} records: give ShareGPT's JSON file" in err
+    assert out.read_text() == "earlier output\n" and not (tmp_path / "clean.jsonl.partial").exists()
 
 
 def test_the_command_writes_clean_jsonl_that_trains_every_answer_turn(tmp_path, questions, tiny_target_dir, capsys):
