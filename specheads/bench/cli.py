@@ -36,6 +36,7 @@ from specheads.bench.report import (
 from specheads.bench.runner import BenchmarkInterrupted, mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
 from specheads.decoding.cli import resolve_head_argument
+from specheads.decoding.head_drafter import check_tree_setting
 from specheads.decoding.tuning.auto_tree import (
     parse_solo_length,
 )
@@ -43,6 +44,7 @@ from specheads.decoding.tuning.cpu_attention import applies_to as gqa_applies_to
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
+from specheads.heads.load import read_head_config
 from specheads.shipped_data import find_default_questions
 from specheads.target import TargetLoadError, resolve_device_dtype
 
@@ -170,10 +172,14 @@ def run_bench(
     questions_path = Path(settings.questions) if settings.questions else find_default_questions()
     every_question = load_questions(questions_path)
     check_out_folder(settings.out)
-    for option, folder in [*(("--head", h) for h in settings.heads), ("--assistant", settings.assistant)]:
-        if folder:
-            resolve_head_argument(folder, option)
-    trees_per_head(settings)
+    if settings.assistant:
+        resolve_head_argument(settings.assistant, "--assistant")
+    for head, tree in zip(settings.heads, trees_per_head(settings)):  # every head's tree, before the first calibrates
+        head_type = read_head_config(resolve_head_argument(head, "--head"))["head_type"]
+        try:
+            check_tree_setting(head_type, tree)
+        except ValueError as error:
+            raise ValueError(f"--head {head}: --tree {error}") from None
     questions = select_per_category(every_question, settings.per_category, settings.categories)
     held_out = held_out_questions(every_question, questions, settings.calibration_prompts)
     check_calibration_source(settings, held_out, len(questions), questions_path)

@@ -111,6 +111,7 @@ def aggregate(records: list[Record], methods: list[Method], config: dict[str, An
                 "seconds": r.run.seconds,
                 "tau": r.run.tau,
                 "repeat_seconds": r.repeat_seconds,
+                "repeat_tokens": r.repeat_tokens,
                 "identical": r.identical,
                 "near_tie": r.near_tie,
             }
@@ -125,7 +126,8 @@ PLAIN_LOOP = "specheads-plain"
 
 def noise_floor(records: list[Record], baseline: str) -> dict[str, float | None]:
     """How far two runs that should tie read apart: the plain loop against the baseline (overall speedup), and the
-    median spread of repeated runs of one (prompt, method), ``(max - min) / median`` of their times."""
+    median spread of repeated runs of one (prompt, method), ``(max - min) / median`` of their times per token (at
+    T>0 repeats may end at different lengths)."""
     plain = [r for r in records if r.method == PLAIN_LOOP]
     base = {r.question.question_id: r for r in records if r.method == baseline}
     plain_speedup = None
@@ -134,11 +136,11 @@ def noise_floor(records: list[Record], baseline: str) -> dict[str, float | None]
         mine = [base[r.question.question_id] for r in plain]
         base_rate = sum(r.run.new_tokens for r in mine) / max(sum(r.run.seconds for r in mine), 1e-9)
         plain_speedup = plain_rate / max(base_rate, 1e-9)
-    spreads = sorted(
-        (max(r.repeat_seconds) - min(r.repeat_seconds)) / max(statistics.median(r.repeat_seconds), 1e-9)
-        for r in records
-        if len(r.repeat_seconds) > 1
-    )
+    spreads = []
+    for r in records:
+        per_token = [s / max(n, 1) for s, n in zip(r.repeat_seconds, r.repeat_tokens)]
+        if len(per_token) > 1:
+            spreads.append((max(per_token) - min(per_token)) / max(statistics.median(per_token), 1e-9))
     return {
         "plain_loop_speedup": plain_speedup,
         "repeat_spread": statistics.median(spreads) if spreads else None,

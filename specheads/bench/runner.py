@@ -28,6 +28,8 @@ class Record:
     peak_mem_mb: float | None  # GPU only (``peak_memory_mb``)
     near_tie: float | None = None  # 16-bit T=0 mismatch: the baseline's logit gap where they part (``mark_near_ties``)
     repeat_seconds: list[float] = field(default_factory=list)  # every repeat's time; ``run`` is the median one
+    repeat_tokens: list[int] = field(default_factory=list)  # every repeat's new tokens (at T>0 they may differ)
+    parted: tuple[list[int], list[int]] | None = None  # a mismatch: (the baseline's tokens, the differing repeat's)
 
 
 def peak_memory_mb(device: torch.device) -> float | None:
@@ -71,7 +73,8 @@ def run_benchmark(
 
     With ``repeats`` > 1 every (prompt, method) runs that many times, the methods interleaved within each repeat, and
     its record keeps the run of median time: one slow run on a shared machine then moves nothing. The same seed is
-    used each time, so at T=0 repeats produce the same tokens (checked); at T>0 a method whose drafting depends on
+    used each time, so at T=0 repeats should produce the same tokens: each is compared with the baseline's first run
+    and one that differs makes the method's record a mismatch; at T>0 a method whose drafting depends on
     measured time (draft backoff) spends the random stream differently each run, so its repeats may differ (each
     still follows the target's distribution) and the run of median time per token is kept. Ctrl-C raises
     ``BenchmarkInterrupted`` with the records of the prompts finished so far (a plain KeyboardInterrupt before any)."""
@@ -135,9 +138,13 @@ def _run_prompt(
     for method in methods:
         run = _median_run(runs[method.name])
         repeats_compared = runs[method.name] if not sampled else [run]
-        identical = None if method is methods[0] else all(r.token_ids == reference for r in repeats_compared)
-        seconds = [r.seconds for r in runs[method.name]]
-        records.append(Record(question, method.name, run, identical, peaks.get(method.name), None, seconds))
+        differing = next((r.token_ids for r in repeats_compared if r.token_ids != reference), None)
+        identical = None if method is methods[0] else differing is None
+        parted = (reference, differing) if identical is False and differing is not None else None
+        seconds, tokens = [r.seconds for r in runs[method.name]], [r.new_tokens for r in runs[method.name]]
+        records.append(
+            Record(question, method.name, run, identical, peaks.get(method.name), None, seconds, tokens, parted)
+        )
     return records
 
 
@@ -166,14 +173,10 @@ def mark_near_ties(
         return
     mantissa = 7 if dtype == torch.bfloat16 else 10
     prompt_of = {question.question_id: ids for question, ids in prompts}
-    baseline_of: dict[int, list[int]] = {}
     for record in records:
-        if record.identical is None:
-            baseline_of[record.question.question_id] = record.run.token_ids
-    for record in records:
-        if record.identical is not False:
+        if record.identical is not False or record.parted is None:
             continue
-        expected, got = baseline_of[record.question.question_id], record.run.token_ids
+        expected, got = record.parted  # the repeat that differed, against the baseline run it was compared with
         where = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
         if where is None:  # one output is a prefix of the other: a length difference, not a token choice
             continue

@@ -26,6 +26,7 @@ from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerB
 
 from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.decoding.generator import ACCEPTANCE_RULES, Kernels, SpeculativeGenerator
+from specheads.decoding.head_drafter import check_tree_setting
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tuning.auto_tree import (
     DrafterSpec,
@@ -39,7 +40,7 @@ from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.base import CONFIG_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError
-from specheads.heads.load import refuse_checkpoint_as_head, required_adapter, resolve_head_folder
+from specheads.heads.load import read_head_config, refuse_checkpoint_as_head, required_adapter, resolve_head_folder
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -175,6 +176,11 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
     except ValueError as error:
         parser.error(f"--device {error}")
     head_dir = resolve_head_argument(args.head) if args.head else None  # before the target: a wrong one fails fast
+    if head_dir is not None and args.tree is not None:
+        try:
+            check_tree_setting(read_head_config(head_dir)["head_type"], args.tree)
+        except ValueError as error:
+            parser.error(f"--tree: {error}")
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
     kernels = CpuKernels()  # the CPU kernels measured faster here, for calibration and decoding alike
     spec, adapted = DrafterSpec(None, ""), False

@@ -32,6 +32,7 @@ DEFAULT_DRAFT_LENGTH = 4
 def build_drafter(head: Any, tree: str | None = None) -> Any:
     """A drafter for a loaded head and a tree setting (see the module docstring); None: the head type's default."""
     kind = head.head_type
+    check_tree_setting(kind, tree)
     if tree is not None and tree.split(":")[0] == "chain":
         depth = _positive_ints(tree, "chain:D", 1)[0] if ":" in tree else _default_depth(head)
         if kind == "medusa":
@@ -49,19 +50,34 @@ def build_drafter(head: Any, tree: str | None = None) -> Any:
                     stacklevel=2,
                 )
             return EagleTreeDrafter(head, DynamicTreeConfig())
-        if not tree.startswith("dynamic:"):
-            raise ValueError(f"EAGLE heads take --tree chain[:D] or dynamic[:D,K,N]; got {tree!r}")
         depth, top_k, total = _positive_ints(tree, "dynamic:D,K,N", 3)
         return EagleTreeDrafter(head, DynamicTreeConfig(depth, top_k, total))
     if kind == "medusa":
         if tree is None:
             return MedusaDrafter(head, default_medusa_tree(head.num_heads))
         return MedusaDrafter(head, load_tree(_tree_file(tree)))
-    if kind == "draft_model":
-        if tree is not None:
-            raise ValueError(f"a draft model drafts an adaptive chain: use --tree chain:D or no --tree; got {tree!r}")
-        return DraftModelDrafter(head, DEFAULT_DRAFT_LENGTH)
-    raise ValueError(f"unknown head type {kind!r}")
+    return DraftModelDrafter(head, DEFAULT_DRAFT_LENGTH)
+
+
+def check_tree_setting(head_type: str, tree: str | None) -> None:
+    """An error for a tree setting a head of ``head_type`` cannot draft (``auto`` and None always can): callers
+    check it from the head's config.json, before a target loads or another head calibrates."""
+    if tree is None or tree == "auto":
+        pass
+    elif tree.split(":")[0] == "chain":
+        if ":" in tree:
+            _positive_ints(tree, "chain:D", 1)
+    elif head_type == "eagle":
+        if not tree.startswith("dynamic:") and tree != "dynamic":
+            raise ValueError(f"EAGLE heads take --tree chain[:D] or dynamic[:D,K,N]; got {tree!r}")
+        if tree != "dynamic":
+            _positive_ints(tree, "dynamic:D,K,N", 3)
+    elif head_type == "medusa":
+        load_tree(_tree_file(tree))
+    elif head_type == "draft_model":
+        raise ValueError(f"a draft model drafts an adaptive chain: use --tree chain:D or no --tree; got {tree!r}")
+    if head_type not in ("eagle", "medusa", "draft_model"):
+        raise ValueError(f"unknown head type {head_type!r}")
 
 
 def default_medusa_tree(num_heads: int) -> StaticTree:

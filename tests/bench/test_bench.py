@@ -383,6 +383,8 @@ def test_repeats_that_disagree_on_tokens_at_t0_are_mismatches_not_a_lost_run(cap
     ]
     report = aggregate(records, methods, {"temperature": 0.0, "repeats": 2})
     assert [(m["method"], m["question_id"]) for m in report["mismatches"]] == [("other", 1)]
+    # what a near-tie check compares: the repeat that differed, not the median run (which may not differ)
+    assert records[1].parted == ([1, 2], [1, 3]) and records[3].parted is None
     assert "base gave different tokens on repeats of question 2 at T=0" in capsys.readouterr().err
 
 
@@ -399,6 +401,9 @@ def test_sampled_repeats_may_differ_and_keep_the_run_of_median_time_per_token():
     methods = [Method("base", run)]
     records = run_benchmark(methods, prompts, 4, temperature=1.0, warmup_tokens=0, progress=False, repeats=3)
     assert records[0].run.token_ids == [1, 2] and records[0].repeat_seconds == [1.0, 1.2, 3.0]
+    # their spread is read per token: 0.3 to 1.0 s a token around 0.5 (in raw seconds it read (3.0 - 1.0) / 1.2)
+    spread = aggregate(records, methods, {"temperature": 1.0, "repeats": 3})["noise"]["repeat_spread"]
+    assert spread == pytest.approx((1.0 - 0.3) / 0.5)
 
 
 def test_repeats_below_one_are_refused(capsys):

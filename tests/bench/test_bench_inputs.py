@@ -77,6 +77,25 @@ def test_trees_that_do_not_match_the_heads_are_refused_before_the_target_loads(t
         run_bench(settings)
 
 
+def test_a_later_heads_tree_is_checked_before_the_target_loads(tiny_llama, tmp_path, monkeypatch):
+    """``--head medusa --head eagle --tree small10``: the EAGLE head's tree was refused when its drafter was built,
+    after the target loaded and the Medusa head calibrated."""
+    import specheads.target
+    from specheads.heads import EagleConfig, EagleHead, MedusaConfig, MedusaHeads
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr(specheads.target, "load_target", no_target)
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "medusa")
+    EagleHead(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "eagle")
+    heads = [str(tmp_path / "medusa"), str(tmp_path / "eagle")]
+    with pytest.raises(ValueError, match=r"--head .*eagle: --tree EAGLE heads take --tree chain\[:D\] or dynamic"):
+        run_bench(_settings(tmp_path, heads=heads, trees=["chain:2", "small10"]))
+    with pytest.raises(ValueError, match=r"--head .*medusa: --tree Medusa tree 'no-such' is neither a file nor"):
+        run_bench(_settings(tmp_path, heads=heads, trees=["no-such", "chain:2"]))
+
+
 def test_a_question_folder_is_named_as_a_folder(tmp_path):
     """``--questions data/spec_bench/`` (the folder the help names as the default) said "not found"."""
     with pytest.raises(FileNotFoundError, match=r"is a folder; pass --questions the file in it \(such as .*question"):

@@ -172,6 +172,26 @@ def test_build_drafter_tree_settings(tiny_llama):
     with pytest.raises(ValueError, match="EAGLE"):
         build_drafter(eagle, "small10")
     assert isinstance(build_drafter(eagle, "dynamic"), EagleTreeDrafter)
+    with pytest.raises(ValueError, match="a draft model drafts an adaptive chain"):
+        build_drafter(draft, "dynamic:2,2,4")
+
+
+def test_a_tree_the_head_cannot_draft_is_refused_before_the_target_loads(tiny_llama, tmp_path, capsys, monkeypatch):
+    """``generate --tree`` was checked when the drafter was built, after the target had loaded."""
+    import specheads.target
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr(specheads.target, "load_target", no_target)
+    EagleHead(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "eagle")
+    for tree, message in [
+        ("small10", "EAGLE heads take --tree chain"),
+        ("dynamic:5,8", "tree setting 'dynamic:5,8': expected dynamic:D,K,N"),
+    ]:
+        with pytest.raises(SystemExit):
+            generate_main(["--head", str(tmp_path / "eagle"), "--tree", tree, "--prompt", "hi"])
+        assert f"--tree: {message}" in capsys.readouterr().err
 
 
 def test_a_request_the_target_cannot_take_is_a_one_line_error(tmp_path, capsys):
