@@ -13,6 +13,7 @@ from specheads.bench.methods import Method, MethodRun
 from specheads.bench.questions import Question, load_questions
 from specheads.bench.runner import run_benchmark
 from specheads.bench.settings import BenchSettings
+from tests.decoding.helpers import TinyTokenizer
 
 QUESTIONS = [
     {"question_id": 1, "category": "qa", "turns": ["Name a river."]},
@@ -20,17 +21,13 @@ QUESTIONS = [
 ]
 
 
-class ChatTokenizer:
+class ChatTokenizer(TinyTokenizer):
     """Stand-in for a chat tokenizer on the tiny random Llama: one id per character, no template text."""
 
     chat_template = "stand-in"
-    eos_token_id = None
 
     def apply_chat_template(self, messages, add_generation_prompt=True, return_tensors="pt"):
         return torch.tensor([[3 + ord(c) % 120 for c in messages[0]["content"]]])
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return "".join(f" w{int(i)}" for i in ids)
 
 
 def _settings(tmp_path, **options) -> BenchSettings:
