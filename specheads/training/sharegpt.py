@@ -230,7 +230,8 @@ def prepare_sharegpt(
     keep_unanswered: bool = False,
 ) -> tuple[ReadReport, CleanReport]:
     """Stream ``source`` (default: the installed package's file), clean it, write JSONL to ``out`` atomically; a
-    source without one complete record is a DataError, and ``out`` is left as it was."""
+    source without one complete record, or without one that cleaning keeps, is a DataError, and ``out`` is left as
+    it was."""
     source = source or installed_sharegpt_file()
     reference = reference_ngrams(question_files)
     read, cleaned = ReadReport(), CleanReport()
@@ -249,6 +250,15 @@ def prepare_sharegpt(
             f"{source} holds no complete ShareGPT record ({source.stat().st_size} bytes{cut}); expected a JSON array "
             "of {'id', 'conversations'} records: give ShareGPT's JSON file, or leave --source out to read the "
             "installed package's"
+        )
+    if cleaned.kept == 0:
+        partial.unlink()
+        needed = "a question" if keep_unanswered else "a question and its answer"
+        read_records = f"{read.records} record{'s' * (read.records != 1)}"
+        raise DataError(
+            f"{source}: read {read_records} and kept none ({cleaned.summary()}); expected conversations "
+            f"with {needed} that share no {CONTAMINATION_NGRAM}-word sequence with the benchmark questions "
+            "(--questions): give a --source that holds such conversations"
         )
     partial.replace(out)
     return read, cleaned

@@ -195,24 +195,51 @@ BAD_ANSWER_IDS = {
 }
 
 
+def _refused_in_a_packed_file(tmp_path, capsys, bad: dict, message: str) -> None:
+    """A packed answers file whose second record holds ``bad``: training and `data join-answers` both name it."""
+    good = {"id": "a", "prompt_sha256": "0" * 16, "answer": "Hello", "answer_token_ids": [5, 6], "finished": True}
+    packed = tmp_path / "answers.jsonl.gz"
+    lines = [good, {**good, "id": "b", **bad}]
+    packed.write_bytes(gzip.compress("".join(json.dumps(line) + "\n" for line in lines).encode()))
+    with pytest.raises(DataError, match=rf"answers.jsonl.gz: record 2: {message}"):
+        load_conversations(DataConfig(paths=[str(packed)]))
+    assert data_main(["join-answers", "--answers", str(packed), "--out", str(tmp_path / "joined.jsonl")]) == 2
+    assert "answers.jsonl.gz: record 2: " + next(iter(bad)) + " holds" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("ids, found", BAD_ANSWER_IDS.values(), ids=BAD_ANSWER_IDS.keys())
 def test_answer_token_ids_that_are_not_token_ids_are_one_error_naming_the_record(ids, found, tmp_path, capsys):
     """In a packed answers file (or a generated one), answer_token_ids holding text, nested lists or floats was a
     pyarrow ArrowInvalid traceback out of training or `data join-answers`; negative ids loaded without a word."""
-    good = {"id": "a", "prompt_sha256": "0" * 16, "answer": "Hello", "answer_token_ids": [5, 6], "finished": True}
-    packed = tmp_path / "answers.jsonl.gz"
-    lines = [good, {**good, "id": "b", "answer_token_ids": ids}]
-    packed.write_bytes(gzip.compress("".join(json.dumps(line) + "\n" for line in lines).encode()))
     fix = r"; expected a list of the target's token ids .* or remove answer_token_ids to train on its text re-encoded$"
-    with pytest.raises(DataError, match=rf"answers.jsonl.gz: record 2: answer_token_ids holds {found}{fix}"):
-        load_conversations(DataConfig(paths=[str(packed)]))
-    assert data_main(["join-answers", "--answers", str(packed), "--out", str(tmp_path / "joined.jsonl")]) == 2
-    assert "answers.jsonl.gz: record 2: answer_token_ids holds" in capsys.readouterr().err
+    _refused_in_a_packed_file(tmp_path, capsys, {"answer_token_ids": ids}, rf"answer_token_ids holds {found}{fix}")
     generated = [{"messages": TURNS, "answer_token_ids": [5, 6]}, {"messages": TURNS, "answer_token_ids": ids}]
     path = write_lines(tmp_path / "generated.jsonl", generated)
     # the JSON reader refuses a column of mixed types (the line is named) or reads it (the record is named)
     with pytest.raises(DataError, match=rf"generated.jsonl(: line 2| \(record 2\)): answer_token_ids holds {found}"):
         load_conversations(DataConfig(paths=[str(path)]))
+
+
+BAD_FINISHED = {
+    "text": ("yes", '"yes"'),
+    "number": (1, "1"),
+    "list": ([True], r"\[true\]"),
+}
+
+
+@pytest.mark.parametrize("finished, found", BAD_FINISHED.values(), ids=BAD_FINISHED.keys())
+def test_finished_that_is_not_a_boolean_is_one_error_naming_the_record(finished, found, tmp_path, capsys):
+    """finished "yes" or [true] was a pyarrow traceback out of training; 1 (or 0) was read as true (false) without a
+    word, and a packed answers file took any of them."""
+    fix = r"; expected true, false .* or null, .* or remove finished to train the answer's end-of-turn token$"
+    _refused_in_a_packed_file(tmp_path, capsys, {"finished": finished}, rf"finished holds {found}{fix}")
+    bad = {"messages": TURNS, "answer_token_ids": [5, 6], "finished": finished}
+    for generated, at in (([{**bad, "finished": True}, bad], 2), ([bad], 1)):  # a column of mixed types, or of one
+        path = write_lines(tmp_path / "generated.jsonl", generated)
+        with pytest.raises(DataError, match=rf"generated.jsonl(: line {at}| \(record {at}\)): finished holds {found}"):
+            load_conversations(DataConfig(paths=[str(path)]))
+    path = write_lines(tmp_path / "generated.jsonl", [{**bad, "finished": None}, {**bad, "finished": False}])
+    assert load_conversations(DataConfig(paths=[str(path)]))["finished"] == [None, False]
 
 
 def test_answer_token_ids_beyond_the_vocabulary_name_the_record(smollm2_tokenizer, tmp_path):

@@ -168,6 +168,26 @@ def test_a_source_without_a_complete_record_is_an_error_not_an_empty_output(tmp_
     assert out.read_text() == "earlier output\n" and not (tmp_path / "clean.jsonl.partial").exists()
 
 
+def test_a_source_whose_every_record_is_removed_is_an_error_not_an_empty_output(tmp_path, questions, capsys):
+    """A source of records that cleaning all removed wrote an output of 0 conversations: only the summary said so."""
+    leak = "Sure. " + QUESTION.lower()
+    records = [
+        chat("leak", turn("human", "tell me"), turn("gpt", leak)),
+        chat("empty", turn("human", ""), turn("gpt", "a")),
+        chat("open", turn("gpt", "orphan answer"), turn("human", "q")),
+    ]
+    source, out = tmp_path / "sharegpt.json", tmp_path / "clean.jsonl"
+    source.write_text(json.dumps(records))
+    out.write_text("earlier output\n")
+    assert data_main(["sharegpt", "--source", str(source), "--questions", str(questions), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert f"{source}: read 3 records and kept none (kept 0 conversations; removed: 1 overlapping the " in err
+    assert "2 without a usable answer; cut before an empty, non-text or unknown-speaker turn: 1; " in err
+    assert "expected conversations with a question and its answer that share no 13-word sequence with the " in err
+    assert out.read_text() == "earlier output\n" and not (tmp_path / "clean.jsonl.partial").exists()
+
+
 def test_the_command_writes_clean_jsonl_that_trains_every_answer_turn(tmp_path, questions, tiny_target_dir, capsys):
     source = tmp_path / "sharegpt.json"
     records = [
