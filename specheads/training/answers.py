@@ -27,6 +27,7 @@ import datasets
 from specheads.training.chat_format import DataError, answered_conversation, to_messages
 from specheads.training.data import answer_fields_problem
 from specheads.training.distill import read_jsonl
+from specheads.training.output_file import atomic_output
 from specheads.training.sharegpt import (
     CleanReport,
     installed_sharegpt_file,
@@ -66,9 +67,11 @@ def pack_answers(generated: Path, out: Path) -> int:
     records = read_jsonl(generated)
     if not records:
         raise DataError(f"{generated} holds no generated answers; expected the output of `specheads data generate`")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with open(partial, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as packed:
+    with (
+        atomic_output(out) as partial,
+        open(partial, "wb") as raw,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as packed,
+    ):
         for number, record in enumerate(records, start=1):
             messages = record.get("messages") or []
             if not messages or messages[-1].get("role") != "assistant" or "id" not in record:
@@ -88,7 +91,6 @@ def pack_answers(generated: Path, out: Path) -> int:
             if earlier:
                 line["earlier_answers"] = earlier
             packed.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
-    partial.replace(out)
     return len(records)
 
 

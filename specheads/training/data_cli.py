@@ -253,12 +253,10 @@ def _join_answers(args: argparse.Namespace) -> int:
 
     require_file(args.answers, "answers file")
     records, report = join_answers(Path(args.answers), args.source and Path(args.source))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with partial.open("w", encoding="utf-8") as handle:
+    from specheads.training.output_file import atomic_output
+
+    with atomic_output(Path(args.out)) as partial, partial.open("w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    partial.replace(out)
     print(report.summary())
     print(f"wrote {len(records)} conversations to {args.out}")
     return 0

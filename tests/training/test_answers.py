@@ -126,6 +126,31 @@ def test_pack_refuses_a_file_that_is_not_generated_answers(tmp_path, capsys):
     assert "record 1 is not a generated answer" in capsys.readouterr().err
     assert data_main(["pack-answers", "--data", str(prompts), "--out", str(tmp_path / "a.jsonl")]) == 2
     assert "does not end in .gz" in capsys.readouterr().err
+    # a bad record after good ones: the packed file written before is kept, and no half-written one is left beside it
+    answered = {"id": "a", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    prompts.write_text(json.dumps(answered) + "\n" + json.dumps({"id": "p", "messages": []}) + "\n")
+    (tmp_path / "a.jsonl.gz").write_bytes(b"earlier")
+    assert data_main(["pack-answers", "--data", str(prompts), "--out", str(tmp_path / "a.jsonl.gz")]) == 2
+    assert "record 2 is not a generated answer" in capsys.readouterr().err
+    assert (tmp_path / "a.jsonl.gz").read_bytes() == b"earlier" and sorted(tmp_path.iterdir()) == [
+        tmp_path / "a.jsonl.gz",
+        prompts,
+    ]
+
+
+def test_an_output_is_replaced_only_by_a_whole_file(tmp_path):
+    from specheads.training.output_file import atomic_output
+
+    out = tmp_path / "out.jsonl"
+    out.write_text("old")
+    for stop in (ValueError("bad record"), KeyboardInterrupt()):
+        with pytest.raises(type(stop)), atomic_output(out) as partial:
+            partial.write_text("half")
+            raise stop
+        assert out.read_text() == "old" and list(tmp_path.iterdir()) == [out]
+    with atomic_output(tmp_path / "new" / "out.jsonl") as partial:
+        partial.write_text("whole")
+    assert (tmp_path / "new" / "out.jsonl").read_text() == "whole" and len(list((tmp_path / "new").iterdir())) == 1
 
 
 def test_training_reads_packed_answers_joined_with_the_installed_sharegpt(tiny_target_dir, tmp_path):
