@@ -79,6 +79,9 @@ def pack_answers(generated: Path, out: Path) -> int:
                     f"{generated}: record {number} is not a generated answer (keys {sorted(record)}); expected "
                     "'id' and 'messages' ending in the assistant's turn, as `specheads data generate` writes"
                 )
+            problem = answer_fields_problem(record.get("answer_token_ids"), record.get("finished"))
+            if problem is not None:  # refused here, not only by whoever reads the packed file later
+                raise DataError(f"{generated}: record {number}: {problem}")
             line = {
                 "id": str(record["id"]),
                 "prompt_sha256": prompt_digest(messages[:-1]),

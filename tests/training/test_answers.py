@@ -132,6 +132,9 @@ def test_pack_refuses_a_file_that_is_not_generated_answers(tmp_path, capsys):
     (tmp_path / "a.jsonl.gz").write_bytes(b"earlier")
     assert data_main(["pack-answers", "--data", str(prompts), "--out", str(tmp_path / "a.jsonl.gz")]) == 2
     assert "record 2 is not a generated answer" in capsys.readouterr().err
+    prompts.write_text(json.dumps(answered) + "\n" + json.dumps({**answered, "finished": "yes"}) + "\n")
+    assert data_main(["pack-answers", "--data", str(prompts), "--out", str(tmp_path / "a.jsonl.gz")]) == 2
+    assert 'prompts.jsonl: record 2: finished holds "yes"; expected true, false' in capsys.readouterr().err
     assert (tmp_path / "a.jsonl.gz").read_bytes() == b"earlier" and sorted(tmp_path.iterdir()) == [
         tmp_path / "a.jsonl.gz",
         prompts,
