@@ -170,7 +170,7 @@ def _head_methods(
     if settings.drafter_window and spec.drafter is not None:
         if head.head_type == "eagle":
             window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
-            cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto)
+            cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto, spec.calibration)
             windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"
             methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, kernels, curve))
         else:

@@ -29,7 +29,8 @@ class Record:
     near_tie: float | None = None  # 16-bit T=0 mismatch: the baseline's logit gap where they part (``mark_near_ties``)
     repeat_seconds: list[float] = field(default_factory=list)  # every repeat's time; ``run`` is the median one
     repeat_tokens: list[int] = field(default_factory=list)  # every repeat's new tokens (at T>0 they may differ)
-    parted: tuple[list[int], list[int]] | None = None  # a mismatch: (the baseline's tokens, the differing repeat's)
+    parted: tuple[list[int], list[list[int]]] | None = None  # a mismatch: (the baseline's tokens, each output of the
+    # repeats that differ from them)
 
 
 def peak_memory_mb(device: torch.device) -> float | None:
@@ -138,9 +139,10 @@ def _run_prompt(
     for method in methods:
         run = _median_run(runs[method.name])
         repeats_compared = runs[method.name] if not sampled else [run]
-        differing = next((r.token_ids for r in repeats_compared if r.token_ids != reference), None)
-        identical = None if method is methods[0] else differing is None
-        parted = (reference, differing) if identical is False and differing is not None else None
+        differing = [r.token_ids for r in repeats_compared if r.token_ids != reference]
+        differing = [ids for i, ids in enumerate(differing) if ids not in differing[:i]]
+        identical = None if method is methods[0] else not differing
+        parted = (reference, differing) if identical is False else None
         seconds, tokens = [r.seconds for r in runs[method.name]], [r.new_tokens for r in runs[method.name]]
         records.append(
             Record(question, method.name, run, identical, peaks.get(method.name), None, seconds, tokens, parted)
@@ -167,7 +169,8 @@ def mark_near_ties(
     records: list[Record], target: torch.nn.Module, prompts: list[tuple[Question, torch.Tensor]]
 ) -> None:
     """For a 16-bit target at T=0: set ``near_tie`` (the logit gap) on every record whose output parts from the
-    baseline's where the baseline's own forward had a near-tie (``NEAR_TIE_ULPS``). fp32 mismatches are never ties."""
+    baseline's where the baseline's own forward had a near-tie (``NEAR_TIE_ULPS``), every differing repeat alike (the
+    largest gap is kept). fp32 mismatches are never ties."""
     dtype = next(target.parameters()).dtype
     if dtype not in (torch.bfloat16, torch.float16):
         return
@@ -176,14 +179,23 @@ def mark_near_ties(
     for record in records:
         if record.identical is not False or record.parted is None:
             continue
-        expected, got = record.parted  # the repeat that differed, against the baseline run it was compared with
-        where = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
-        if where is None:  # one output is a prefix of the other: a length difference, not a token choice
-            continue
+        expected, outputs = record.parted  # the repeats that differed, against the baseline run they were compared with
         prompt = prompt_of[record.question.question_id][0]
-        ids = torch.cat([prompt, torch.tensor(expected[:where], dtype=prompt.dtype, device=prompt.device)])
-        logits = target(input_ids=ids[None]).logits[0, -1].float()
-        gap = (logits[expected[where]] - logits[got[where]]).item()
-        ulp = 2.0 ** (math.floor(math.log2(max(logits.abs().max().item(), 1e-6))) - mantissa)
-        if abs(gap) <= NEAR_TIE_ULPS * ulp:  # this forward may even prefer the method's token, by as little
-            record.near_tie = gap
+        gaps = [_tie_gap(target, prompt, expected, got, mantissa) for got in outputs]
+        if all(gap is not None for gap in gaps):
+            record.near_tie = max(gaps, key=abs)
+
+
+def _tie_gap(
+    target: torch.nn.Module, prompt: torch.Tensor, expected: list[int], got: list[int], mantissa: int
+) -> float | None:
+    """The baseline's logit gap where ``got`` parts from ``expected``, when within ``NEAR_TIE_ULPS``; else None (a
+    length difference, one output a prefix of the other, is not a token choice: None too)."""
+    where = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    if where is None:
+        return None
+    ids = torch.cat([prompt, torch.tensor(expected[:where], dtype=prompt.dtype, device=prompt.device)])
+    logits = target(input_ids=ids[None]).logits[0, -1].float()
+    gap = (logits[expected[where]] - logits[got[where]]).item()
+    ulp = 2.0 ** (math.floor(math.log2(max(logits.abs().max().item(), 1e-6))) - mantissa)
+    return gap if abs(gap) <= NEAR_TIE_ULPS * ulp else None  # this forward may even prefer the method's token

@@ -32,6 +32,10 @@ DEFAULT_DRAFT_LENGTH = 4
 def build_drafter(head: Any, tree: str | None = None) -> Any:
     """A drafter for a loaded head and a tree setting (see the module docstring); None: the head type's default."""
     kind = head.head_type
+    if tree == "auto":
+        raise ValueError(
+            "tree 'auto' is chosen by measurement: use auto_tree_drafter (or auto_drafter), not build_drafter"
+        )
     check_tree_setting(kind, tree)
     if tree is not None and tree.split(":")[0] == "chain":
         depth = _positive_ints(tree, "chain:D", 1)[0] if ":" in tree else _default_depth(head)
@@ -90,7 +94,7 @@ def _positive_ints(tree: str, form: str, count: int) -> list[int]:
     """The numbers after the colon of a ``chain:D`` / ``dynamic:D,K,N`` setting, or an error naming the form."""
     try:
         values = [int(x) for x in tree.split(":", 1)[1].split(",")]
-    except ValueError:
+    except (ValueError, IndexError):  # not numbers, or no colon
         values = []
     if len(values) != count or min(values) < 1:
         raise ValueError(

@@ -24,8 +24,7 @@ from typing import Any
 
 import datasets
 
-from specheads.training.chat_format import DataError, answered_conversation, to_messages
-from specheads.training.data import answer_fields_problem
+from specheads.training.chat_format import DataError, answer_fields_problem, answered_conversation, to_messages
 from specheads.training.distill import read_jsonl
 from specheads.training.output_file import atomic_output
 from specheads.training.sharegpt import (

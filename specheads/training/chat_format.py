@@ -5,6 +5,8 @@ Shared by the data loader, the generator's prompt reader, ShareGPT's cleaning an
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +132,46 @@ def interleave(first: list[dict[str, str]], questions: list[str], answers: list[
         if number < len(questions):
             turns.append({"role": "user", "content": questions[number]})
     return turns
+
+
+ANSWER_IDS_FIX = (
+    "expected a list of the target's token ids (ints from 0 up to its vocabulary), as `specheads data generate` "
+    "writes them; regenerate the answer, or remove answer_token_ids to train on its text re-encoded"
+)
+FINISHED_FIX = (
+    "expected true, false (the answer was cut at max_new_tokens) or null, as `specheads data generate` writes it; "
+    "write it as a JSON boolean, or remove finished to train the answer's end-of-turn token"
+)
+
+
+def answer_ids_problem(value: Any, vocab_size: int | None = None) -> str | None:
+    """What a record's ``answer_token_ids`` holds that is not a token id below ``vocab_size`` (None: nothing)."""
+    if not isinstance(value, list):
+        return None if value is None else f"a {type(value).__name__} ({str(value)[:40]!r})"
+    for position, token in enumerate(value):
+        if isinstance(token, bool) or not isinstance(token, int):
+            return f"a {type(token).__name__} ({str(token)[:40]!r}) at position {position}"
+        if not 0 <= token < (vocab_size or math.inf):
+            limit = f" (the tokenizer has {vocab_size} ids)" if vocab_size else ""
+            return f"id {token} at position {position}{limit}"
+    return None
+
+
+def answer_fields_problem(answer_ids: Any, finished: Any, vocab_size: int | None = None) -> str | None:
+    """What a self-distilled record's ``answer_token_ids`` or ``finished`` holds that training cannot read, and the
+    fix (None: nothing)."""
+    problem = answer_ids_problem(answer_ids, vocab_size)
+    if problem is not None:
+        return f"answer_token_ids holds {problem}; {ANSWER_IDS_FIX}"
+    if finished is None or isinstance(finished, bool):
+        return None
+    return f"finished holds {json.dumps(finished, default=str)[:40]}; {FINISHED_FIX}"
+
+
+def answer_fields(record: dict[str, Any]) -> tuple[Any, Any]:
+    """A record's (answer_token_ids, finished), whole-number floats read as ids: the JSON reader reads a column's
+    ints as floats when one record holds a float."""
+    answer_ids, finished = record.get("answer_token_ids"), record.get("finished")
+    if isinstance(answer_ids, list):
+        answer_ids = [int(t) if isinstance(t, float) and t.is_integer() else t for t in answer_ids]
+    return answer_ids, finished

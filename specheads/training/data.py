@@ -35,6 +35,8 @@ from specheads.training.chat_format import (
     ACCEPTED_SHAPES,
     FORMATS,
     DataError,
+    answer_fields,
+    answer_fields_problem,
     detect_format,
     require_file,
     to_messages,
@@ -92,50 +94,6 @@ CONVERSATION_FEATURES = datasets.Features(
 )
 
 
-ANSWER_IDS_FIX = (
-    "expected a list of the target's token ids (ints from 0 up to its vocabulary), as `specheads data generate` "
-    "writes them; regenerate the answer, or remove answer_token_ids to train on its text re-encoded"
-)
-FINISHED_FIX = (
-    "expected true, false (the answer was cut at max_new_tokens) or null, as `specheads data generate` writes it; "
-    "write it as a JSON boolean, or remove finished to train the answer's end-of-turn token"
-)
-
-
-def answer_ids_problem(value: Any, vocab_size: int | None = None) -> str | None:
-    """What a record's ``answer_token_ids`` holds that is not a token id below ``vocab_size`` (None: nothing)."""
-    if not isinstance(value, list):
-        return None if value is None else f"a {type(value).__name__} ({str(value)[:40]!r})"
-    for position, token in enumerate(value):
-        if isinstance(token, bool) or not isinstance(token, int):
-            return f"a {type(token).__name__} ({str(token)[:40]!r}) at position {position}"
-        if not 0 <= token < (vocab_size or math.inf):
-            limit = f" (the tokenizer has {vocab_size} ids)" if vocab_size else ""
-            return f"id {token} at position {position}{limit}"
-    return None
-
-
-def answer_fields_problem(answer_ids: Any, finished: Any, vocab_size: int | None = None) -> str | None:
-    """What a self-distilled record's ``answer_token_ids`` or ``finished`` holds that training cannot read, and the
-    fix (None: nothing)."""
-    problem = answer_ids_problem(answer_ids, vocab_size)
-    if problem is not None:
-        return f"answer_token_ids holds {problem}; {ANSWER_IDS_FIX}"
-    if finished is None or isinstance(finished, bool):
-        return None
-    return f"finished holds {json.dumps(finished, default=str)[:40]}; {FINISHED_FIX}"
-
-
-def _answer_fields(record: dict[str, Any], source: str, vocab_size: int | None) -> tuple[list[int] | None, bool | None]:
-    answer_ids, finished = record.get("answer_token_ids"), record.get("finished")
-    if isinstance(answer_ids, list):  # the JSON reader reads a column's ints as floats when one record holds a float
-        answer_ids = [int(t) if isinstance(t, float) and t.is_integer() else t for t in answer_ids]
-    problem = answer_fields_problem(answer_ids, finished, vocab_size)
-    if problem is not None:
-        raise DataError(f"{source}: {problem}")
-    return answer_ids, finished
-
-
 def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool, vocab: int | None) -> dict[str, Any]:
     messages = _checked_messages(record, fmt, source, detected)
     if not messages:
@@ -145,7 +103,10 @@ def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool,
     messages = messages[opening:]
     if not messages:
         raise DataError(f"{source}: the conversation holds only answers; expected a user turn before an answer")
-    answer_ids, finished = _answer_fields(record, source, vocab)
+    answer_ids, finished = answer_fields(record)
+    problem = answer_fields_problem(answer_ids, finished, vocab)
+    if problem is not None:
+        raise DataError(f"{source}: {problem}")
     if (answer_ids is not None or finished is not None) and (not messages or messages[-1]["role"] != "assistant"):
         raise DataError(f"{source}: answer_token_ids/finished describe the last turn, which is not an answer")
     return {"messages": messages, "answer_token_ids": answer_ids, "finished": finished}
@@ -173,7 +134,9 @@ def _read_json_records(path: Path) -> datasets.Dataset:
 
 
 def _first_bad_line(path: Path) -> str | None:
-    """Where a JSONL file stops being one JSON object per line (None for a JSON file that is one document)."""
+    """Where a JSONL file stops being one JSON object per line (None for a JSON file that is one document), else the
+    first line whose answer fields the reader could not take."""
+    field_problem = None
     with _open_text(path) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -184,10 +147,9 @@ def _first_bad_line(path: Path) -> str | None:
                 return None if number == 1 and line.lstrip().startswith("[") else f"line {number}: {err}"
             if not isinstance(record, dict):
                 return f"line {number}: found a JSON {type(record).__name__}; expected one JSON object per line"
-            problem = answer_fields_problem(record.get("answer_token_ids"), record.get("finished"))
-            if problem is not None:
-                return f"line {number}: {problem}"
-    return None
+            problem = None if field_problem else answer_fields_problem(*answer_fields(record))
+            field_problem = field_problem or (problem and f"line {number}: {problem}")
+    return field_problem
 
 
 def _open_text(path: Path) -> IO[str]:

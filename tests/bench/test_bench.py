@@ -293,6 +293,22 @@ def stub(name: str, tokens: list[int], seconds: float, forwards: int, lossless: 
     return Method(name, run, lossless=lossless)
 
 
+def test_the_report_prints_the_curve_as_cached_and_each_auto_trees_clock():
+    """Each auto tree prices the cached curve on its own calibration's clock; the report printed the first head's
+    scaled curve as if it were every head's."""
+    prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
+    curve = {"sizes": [1, 2], "seconds": [0.040, 0.044], "device": "cpu-x", "dtype": "float32"}
+    methods = [stub("base", [1, 2], 2.0, 2)]
+    for name, clock in (("head-a", 1.5), ("head-b", 0.9)):
+        scaled = {**curve, "seconds": [s * clock for s in curve["seconds"]]}
+        methods.append(stub(name, [1, 2], 1.0, 1))
+        methods[-1].extra = {"tree": "auto", "auto_tree": {"choices": [[0]], "clock": clock}, "cost_curve": scaled}
+    records = run_benchmark(methods, prompts, max_new_tokens=2, warmup_tokens=0, progress=False)
+    text = markdown_report(aggregate(records, methods, {"temperature": 0.0}))
+    assert "Target forward cost by new tokens (cpu-x, float32, auto trees): 1: 40 ms, 2: 44 ms" in text
+    assert "calibration's clock (verify time over the curve's): `head-a` 1.50x, `head-b` 0.90x" in text
+
+
 def test_identical_counts_speedup_and_loud_mismatches():
     prompts = [(Question(i, c, "p"), torch.zeros(1, 3, dtype=torch.long)) for i, c in [(1, "a"), (2, "b")]]
     methods = [
@@ -384,7 +400,7 @@ def test_repeats_that_disagree_on_tokens_at_t0_are_mismatches_not_a_lost_run(cap
     report = aggregate(records, methods, {"temperature": 0.0, "repeats": 2})
     assert [(m["method"], m["question_id"]) for m in report["mismatches"]] == [("other", 1)]
     # what a near-tie check compares: the repeat that differed, not the median run (which may not differ)
-    assert records[1].parted == ([1, 2], [1, 3]) and records[3].parted is None
+    assert records[1].parted == ([1, 2], [[1, 3]]) and records[3].parted is None
     assert "base gave different tokens on repeats of question 2 at T=0" in capsys.readouterr().err
 
 
@@ -504,6 +520,15 @@ def test_16bit_mismatches_at_an_exact_tie_are_near_ties_and_others_stay_mismatch
     records = run_benchmark(methods, prompts, max_new_tokens=4, warmup_tokens=0, progress=False)
     mark_near_ties(records, model.float(), prompts)
     assert [m["method"] for m in aggregate(records, methods, {"temperature": 0.0})["mismatches"]] == ["tie", "wrong"]
+
+    # repeats that differ each their own way: one near-tie does not excuse a repeat that took a far worse token
+    outputs = iter([[*expected[:2], twin, *expected[3:]], [*expected[:2], worst, *expected[3:]]])
+    mixed = Method("mixed", lambda input_ids, max_new_tokens, temperature, seed: MethodRun(next(outputs), 1.0, 2))
+    pair = [stub("base", expected, 2.0, 4), mixed]
+    records = run_benchmark(pair, prompts, max_new_tokens=4, warmup_tokens=0, progress=False, repeats=2)
+    mark_near_ties(records, model, prompts)
+    assert records[1].near_tie is None and len(records[1].parted[1]) == 2
+    assert [m["method"] for m in aggregate(records, pair, {"temperature": 0.0})["mismatches"]] == ["mixed"]
 
 
 def test_a_16bit_runner_up_a_few_ulps_below_is_a_mismatch_not_a_near_tie():

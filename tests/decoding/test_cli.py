@@ -174,6 +174,9 @@ def test_build_drafter_tree_settings(tiny_llama):
     assert isinstance(build_drafter(eagle, "dynamic"), EagleTreeDrafter)
     with pytest.raises(ValueError, match="a draft model drafts an adaptive chain"):
         build_drafter(draft, "dynamic:2,2,4")
+    for head in (eagle, draft, medusa):  # auto is measured, not built: it was a draft model's default, an IndexError
+        with pytest.raises(ValueError, match="tree 'auto' is chosen by measurement: use auto_tree_drafter"):
+            build_drafter(head, "auto")
 
 
 def test_a_tree_the_head_cannot_draft_is_refused_before_the_target_loads(tiny_llama, tmp_path, capsys, monkeypatch):

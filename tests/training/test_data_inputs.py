@@ -220,6 +220,16 @@ def test_answer_token_ids_that_are_not_token_ids_are_one_error_naming_the_record
         load_conversations(DataConfig(paths=[str(path)]))
 
 
+def test_a_broken_line_is_named_before_whole_number_ids_on_an_earlier_one(tmp_path):
+    """Ids written as 5.0 load as 5; the check that names a JSONL file's bad line blamed them, not the cut-off line."""
+    path = tmp_path / "generated.jsonl"
+    path.write_text(json.dumps({"messages": TURNS, "answer_token_ids": [5.0, 6.0]}) + '\n{"messages": [\n')
+    with pytest.raises(DataError, match=r"generated.jsonl: line 2: "):
+        load_conversations(DataConfig(paths=[str(path)]))
+    path.write_text(json.dumps({"messages": TURNS, "answer_token_ids": [5.0, 6.0]}) + "\n")
+    assert load_conversations(DataConfig(paths=[str(path)]))[0]["answer_token_ids"] == [5, 6]
+
+
 BAD_FINISHED = {
     "text": ("yes", '"yes"'),
     "number": (1, "1"),

@@ -52,7 +52,8 @@ from specheads.decoding.tuning.cost_model import (
 )
 from specheads.target import cache_root
 
-AUTO_TREE_VERSION = 3  # bump when what a cached choice means changes (3: costs with one-row products padded)
+AUTO_TREE_VERSION = 4  # bump when what a cached choice means changes (3: costs with one-row products padded;
+# 4: the cost curve on the calibration's clock)
 CALIBRATION_TOKENS = 32
 BUILTIN_CALIBRATION_PROMPTS = (
     # One short request per kind of task a chat model gets (as Spec-Bench's categories), written for this purpose:
@@ -148,7 +149,7 @@ def auto_drafter(
     choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead, max_nodes)
     note = "" if choice.num_nodes else " (drafting does not pay here: plain decoding, the head is not used)"
     if not 0.8 <= clock <= 1.25:
-        note += f" (verify costs at {clock:.2f}x the cached curve's: the machine's speed changed since it was timed)"
+        note += f" (verify forwards took {clock:.2f}x the cost curve's times: priced on this run's clock)"
     calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead, clock)
     return DrafterSpec(drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice, calibration)
 
@@ -181,7 +182,7 @@ def with_lookup_branch(spec: DrafterSpec, num_tokens: int, solo_ngram: int | str
     branch = f" + lookup branch (up to {num_tokens} tokens, n-gram >= {DEFAULT_LOOKUP_MIN_NGRAM}"
     if spec.drafter is None:
         drafter = PromptLookupDrafter(num_tokens, min_ngram=DEFAULT_LOOKUP_MIN_NGRAM, max_ngram=LOOKUP_MAX_NGRAM)
-        return DrafterSpec(drafter, f"{spec.tree}; no head tree{branch})", spec.auto)
+        return DrafterSpec(drafter, f"{spec.tree}; no head tree{branch})", spec.auto, spec.calibration)
     narrow = "; where it proposes, only the head's first-choice path beside it"
     solo = "" if solo_ngram is None else f"; alone, without the head, on {solo_ngram}-gram or longer matches"
     if solo_ngram == "auto":
