@@ -44,6 +44,22 @@ def generate_and_pack(
     return read_jsonl(generated), str(packed)
 
 
+def two_turn_line(conversation_id: str) -> dict:
+    """A ``data generate --turns 2`` line, as that command writes it."""
+    return {
+        "id": conversation_id,
+        "messages": [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Green."},
+            {"role": "user", "content": "Another?"},
+            {"role": "assistant", "content": "Yellow."},
+        ],
+        "answer_token_ids": [11, 12],
+        "finished": True,
+        "generated_with": {"target": "t", "max_new_tokens": 8, "temperature": 0.0, "turns": 2},
+    }
+
+
 def test_packed_answers_hold_no_prompt_text_and_join_back_to_the_generated_file(tiny_target_dir, tmp_path, capsys):
     generated, packed = generate_and_pack(tiny_target_dir, tmp_path, SOURCE)
     text = gzip.open(packed, "rt").read()
@@ -100,18 +116,7 @@ def test_unanswered_questions_kept_as_prompts_are_answered_and_join_back(tiny_ta
     }
     records, report = join_answers(tmp_path / "answers.jsonl.gz", tmp_path / "sharegpt.json")
     assert records == generated and report.joined == 2
-    second = {
-        "id": "open_5",
-        "messages": [
-            {"role": "user", "content": "Name a colour."},
-            {"role": "assistant", "content": "Green."},
-            {"role": "user", "content": "Another?"},
-            {"role": "assistant", "content": "Yellow."},
-        ],
-        "answer_token_ids": [11, 12],
-        "finished": True,
-        "generated_with": {"target": "t", "max_new_tokens": 8, "temperature": 0.0, "turns": 2},
-    }
+    second = two_turn_line("open_5")
     (tmp_path / "two-turns.jsonl").write_text(json.dumps(second) + "\n")
     packed = tmp_path / "two-turns.jsonl.gz"
     assert data_main(["pack-answers", "--data", str(tmp_path / "two-turns.jsonl"), "--out", str(packed)]) == 0
@@ -176,18 +181,7 @@ def test_multi_turn_answers_pack_without_the_questions_and_join_back(tmp_path):
     """A ``data generate --turns 2`` line (written here as that command writes it) keeps the target's first answer in
     the pack; the join puts the conversation's second question back between the two answers."""
     (tmp_path / "sharegpt.json").write_text(json.dumps(SOURCE))
-    line = {
-        "id": "a_0",
-        "messages": [
-            {"role": "user", "content": "Name a colour."},
-            {"role": "assistant", "content": "Green."},
-            {"role": "user", "content": "Another?"},
-            {"role": "assistant", "content": "Yellow."},
-        ],
-        "answer_token_ids": [11, 12],
-        "finished": True,
-        "generated_with": {"target": "t", "max_new_tokens": 8, "temperature": 0.0, "turns": 2},
-    }
+    line = two_turn_line("a_0")
     (tmp_path / "generated.jsonl").write_text(json.dumps(line) + "\n")
     packed = tmp_path / "answers.jsonl.gz"
     assert data_main(["pack-answers", "--data", str(tmp_path / "generated.jsonl"), "--out", str(packed)]) == 0
