@@ -38,7 +38,8 @@ class StepModel:
             raise SystemExit(f"{head}: its tree is not an auto tree that drafts; expected a head run with --tree auto")
         nodes, depth = len(choices), max(len(c) for c in choices)
         steps = result["target_forwards"] - result["prompts"]  # one forward a prompt is its prefill
-        # the curve is measured at a short context: scale it to this run's verify time per forward
+        # the curve was timed at the calibration's context, not the measured prompts': scale it to this run's
+        # verify time per forward
         self.scale = result["verify_s"] / result["target_forwards"] / self._curve(nodes + 1)
         self.draft_per_depth = result["draft_s"] / steps / depth
         self.other = result["other_s"] / steps

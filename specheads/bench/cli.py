@@ -48,6 +48,8 @@ from specheads.heads.load import read_head_config
 from specheads.shipped_data import find_default_questions
 from specheads.target import TargetLoadError, resolve_device_dtype
 
+RETIMED = "every --tree auto calibration times the target's verify cost itself, at its own context length"
+
 
 def build_parser() -> argparse.ArgumentParser:
     d = BenchSettings()
@@ -116,8 +118,7 @@ def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) 
     p.add_argument(
         "--recalibrate",
         action="store_true",
-        help="--tree auto: time the target's verify cost again (a cached curve may have been timed on a busy "
-        "machine); the heads' calibration runs on every bench run anyway",
+        help=f"--tree auto: kept so older command lines run, and has no effect: {RETIMED}",
     )
     p.add_argument(
         "--backoff",
@@ -302,6 +303,8 @@ def bench_main(argv: list[str] | None = None) -> int:
         ]
         if calibrating:
             parser.error(f"{' '.join(calibrating)} calibrate --tree auto, and every --tree given is fixed: drop them")
+    if args.recalibrate:
+        print(f"note: --recalibrate is no longer needed: {RETIMED}", file=sys.stderr)
     settings = BenchSettings(**{k: v for k, v in vars(args).items()})
     settings.trees = settings.trees or ["auto"]
     if not plots_available():  # said before the measurement too, not only after it

@@ -25,7 +25,6 @@ from specheads.decoding.tuning.auto_tree import (
     remember_tree,
     with_lookup_branch,
 )
-from specheads.decoding.tuning.cost_curve import CostCurve, load_or_measure_cost_curve
 from specheads.target import cache_root
 
 
@@ -64,14 +63,9 @@ def build_methods(
         raise ValueError(
             "--tree auto needs calibration prompts and got none; pass --calibration-data FILE, or a fixed --tree"
         )
-    curve = None
     for head_arg, tree in zip(settings.heads, trees):
-        if tree == "auto" and curve is None:
-            curve = load_or_measure_cost_curve(target, cache_root(), refresh=settings.recalibrate, kernels=kernels)
-            relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
-            print(f"verify cost by tree size on {curve.device} (relative to 1 token): {relative}")
         _check_names_free(settings, head_arg, methods)
-        calibrated = (calibration, calibration_source, curve, kernels)
+        calibrated = (calibration, calibration_source, kernels)
         methods += _head_methods(settings, head_arg, tree, target, tokenizer, *calibrated)
     return methods
 
@@ -130,11 +124,11 @@ def _head_methods(
     tokenizer: PreTrainedTokenizerBase,
     calibration: list[torch.Tensor],
     calibration_source: str,
-    curve: CostCurve | None,
     kernels: Kernels | None = None,
 ) -> list[Method]:
     """One head's methods: its tree, and with ``--backoff``, ``--lookup-branch`` and ``--lookup-solo`` those
-    variants. An ``auto`` tree is chosen on ``curve`` and cached for ``specheads generate --tree auto``."""
+    variants. An ``auto`` tree is chosen on the calibration prompts and cached for ``specheads generate --tree
+    auto``."""
     from specheads.heads import LORA_DIR, load_head, resolve_head_folder
 
     head_dir = resolve_head_folder(head_arg)  # a Hub id is fetched once; everything below reads this folder
@@ -145,9 +139,12 @@ def _head_methods(
         )
     head = load_head(head_dir, target).to(target.device).eval()
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
-    curve = curve if tree == "auto" else None
-    if curve is not None:
-        spec = auto_drafter(head, target, tokenizer, curve, calibration, kernels=kernels)
+    if tree == "auto":
+        spec = auto_drafter(head, target, tokenizer, None, calibration, kernels=kernels)
+        assert spec.calibration is not None
+        curve = spec.calibration.curve
+        relative = ", ".join(f"{n}: {r:.2f}x" for n, r in zip(curve.sizes, curve.relative()))
+        print(f"{head_arg}: verify cost by tree size at a {curve.prefix_len}-token context (1 token = 1): {relative}")
     else:
         spec = fixed_drafter(head, tree)
     name, what = f"specheads-{Path(head_arg).name}", f"{head.head_type} head"
@@ -157,22 +154,20 @@ def _head_methods(
         print(
             f"note: {' '.join(unused)} add no method for {head_arg}: its auto tree is plain decoding", file=sys.stderr
         )
-    methods = [_specheads(name, target, tokenizer, spec, acceptance, what, kernels, curve)]
+    methods = [_specheads(name, target, tokenizer, spec, acceptance, what, kernels)]
     if settings.backoff and spec.drafter is not None:
         backoff = f"{what}, draft backoff"
-        methods.append(
-            _specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, backoff, kernels, curve, True)
-        )
+        methods.append(_specheads(f"{name}+backoff", target, tokenizer, spec, acceptance, backoff, kernels, True))
     if settings.lookup_branch:
         branch = with_lookup_branch(spec, settings.lookup_branch)
         what_branch = f"{what} + lookup"
-        methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, what_branch, kernels, curve))
+        methods.append(_specheads(f"{name}+lookup", target, tokenizer, branch, acceptance, what_branch, kernels))
     if settings.drafter_window and spec.drafter is not None:
         if head.head_type == "eagle":
             window = DrafterWindow(settings.drafter_sinks, settings.drafter_window)
             cut = DrafterSpec(with_drafter_window(spec.drafter, window), spec.tree, spec.auto, spec.calibration)
             windowed = f"{what}, drafter cache {window.sinks} + {window.recent} rows"
-            methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, kernels, curve))
+            methods.append(_specheads(f"{name}+window", target, tokenizer, cut, acceptance, windowed, kernels))
         else:
             note = f"note: --drafter-window adds no method for {head_arg}: it cuts an EAGLE drafter's cache"
             print(note, file=sys.stderr)
@@ -181,12 +176,10 @@ def _head_methods(
         solo = with_lookup_branch(spec, settings.lookup_branch, settings.lookup_solo)
         alone = "where the cost model says" if settings.lookup_solo == "auto" else f"on {settings.lookup_solo}-grams"
         what_solo = f"{what} + lookup, alone {alone}"
-        methods.append(
-            _specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, kernels, curve)
-        )
+        methods.append(_specheads(f"{name}+lookup-solo", target, tokenizer, solo, acceptance, what_solo, kernels))
         if settings.lookup_solo == "auto":
             priced[settings.lookup_branch] = solo.drafter.solo_ngram
-    if curve is not None:  # what generate --tree auto [--lookup-solo auto] reuses on this device
+    if tree == "auto":  # what generate --tree auto [--lookup-solo auto] reuses on this device
         _remember_auto_tree(spec, head_dir, target, calibration_source, priced)
     return methods
 
@@ -211,15 +204,11 @@ def _specheads(
     acceptance: str,
     what: str,
     kernels: Kernels | None,
-    curve: CostCurve | None = None,
     backoff: bool = False,
 ) -> Method:
     extra: dict[str, Any] = {"tree": spec.tree, "backoff": backoff}
-    if spec.auto is not None and curve is not None:
+    if spec.auto is not None and spec.calibration is not None:  # the tree and the curve it was priced on
         extra["auto_tree"] = {"choices": spec.auto.choices, "candidates": spec.auto.candidates}
-        if spec.calibration is not None:  # the curve the tree was priced on: the cached one on the calibration's clock
-            curve = spec.calibration.curve
-            extra["auto_tree"]["clock"] = spec.calibration.clock
-        extra["cost_curve"] = asdict(curve)
+        extra["cost_curve"] = asdict(spec.calibration.curve)
     description = f"specheads, {what}"
     return specheads_method(name, target, tokenizer, spec.drafter, acceptance, description, extra, backoff, kernels)

@@ -277,15 +277,17 @@ def _trees_costs_and_mismatches(report: dict[str, Any]) -> list[str]:
     if trees:
         lines += ["", "Trees:", ""] + [f"- `{n}`: {t}" for n, t in trees.items()]
     priced = {n: m for n, m in report["methods"].items() if m.get("cost_curve")}
-    if priced:  # each auto tree priced the cached curve on its calibration's clock: the curve as cached, and each clock
-        name, first = next(iter(priced.items()))
-        c, scale = first["cost_curve"], first.get("auto_tree", {}).get("clock", 1.0)
-        cells = ", ".join(f"{n}: {1000 * s / scale:.0f} ms" for n, s in zip(c["sizes"], c["seconds"]))
-        lines += ["", f"Target forward cost by new tokens ({c['device']}, {c['dtype']}, auto trees): {cells}"]
-        clocks = {n: m.get("auto_tree", {}).get("clock") for n, m in priced.items()}
-        if any(clock is not None for clock in clocks.values()):
-            told = ", ".join(f"`{n}` {clock:.2f}x" for n, clock in clocks.items() if clock is not None)
-            lines += ["", f"Each auto tree priced it at its calibration's clock (verify time over the curve's): {told}"]
+    if priced:  # each auto tree was priced on the verify cost its calibration timed, at its context length
+        c = next(iter(priced.values()))["cost_curve"]
+        lines += ["", f"Target forward cost by new tokens, as each auto tree's calibration timed it ({c['device']}, "
+                  f"{c['dtype']}):", ""]  # fmt: skip
+        by_curve: dict[str, list[str]] = {}  # a head's variants share its calibration
+        for name, method in priced.items():
+            by_curve.setdefault(json.dumps(method["cost_curve"], sort_keys=True), []).append(f"`{name}`")
+        for key, names in by_curve.items():
+            c = json.loads(key)
+            cells = ", ".join(f"{n}: {1000 * s:.0f} ms" for n, s in zip(c["sizes"], c["seconds"]))
+            lines.append(f"- {', '.join(names)} ({c.get('prefix_len', 0)}-token context): {cells}")
     if report.get("near_ties"):
         lines += ["", f"Near-ties at T=0 ({report['config'].get('dtype')}: outputs part where the baseline's own "
                   "logits were within a few 16-bit steps, which a multi-token verify rounds differently; not counted "

@@ -32,7 +32,7 @@ class BenchSettings:
     out: str = "runs/bench"
     calibration_prompts: int = 6  # held-out questions for --tree auto: one per Spec-Bench category
     calibration_data: str | None = None  # chats for --tree auto when too few questions are held out (default: data/)
-    recalibrate: bool = False  # --tree auto: time the target again instead of reading the cached cost curve
+    recalibrate: bool = False  # no effect, kept for older command lines: every auto calibration times the target
     backoff: bool = False  # also run every head with draft backoff, as a second method NAME+backoff
     lookup_branch: int = 0  # > 0: also run every head with up to N prompt-lookup tokens on its tree, as NAME+lookup
     lookup_solo: int | str | None = None  # with lookup_branch: also NAME+lookup-solo, the chain alone on matches of

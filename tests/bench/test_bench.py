@@ -286,6 +286,21 @@ def test_bench_without_matplotlib_says_so_before_measuring(tmp_path, capsys, mon
     assert err.index(note + "'specheads[plots]'") < err.index("the measurement would start here")
 
 
+def test_recalibrate_is_accepted_from_older_command_lines_with_a_note(tmp_path, capsys, monkeypatch):
+    """Every auto calibration now times the verify cost itself: --recalibrate (in results.md's older commands) runs
+    and says it is no longer needed, instead of failing on an unknown option."""
+    import specheads.bench.cli as bench_cli
+
+    def measuring(settings):
+        raise ValueError(f"the measurement would start here, recalibrate={settings.recalibrate}")
+
+    monkeypatch.setattr(bench_cli, "run_bench", measuring)
+    assert bench_main(["--head", "h", "--tree", "auto", "--recalibrate", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "note: --recalibrate is no longer needed: every --tree auto calibration times the target's verify" in err
+    assert "the measurement would start here, recalibrate=True" in err
+
+
 def stub(name: str, tokens: list[int], seconds: float, forwards: int, lossless: bool = True) -> Method:
     def run(input_ids, max_new_tokens, temperature, seed):
         return MethodRun(list(tokens), seconds, forwards, accepted_lengths=[1] * (forwards - 1))
@@ -293,20 +308,21 @@ def stub(name: str, tokens: list[int], seconds: float, forwards: int, lossless: 
     return Method(name, run, lossless=lossless)
 
 
-def test_the_report_prints_the_curve_as_cached_and_each_auto_trees_clock():
-    """Each auto tree prices the cached curve on its own calibration's clock; the report printed the first head's
-    scaled curve as if it were every head's."""
+def test_the_report_prints_each_auto_trees_curve_once_with_its_context():
+    """Each auto tree is priced on the curve its calibration timed, at its own context: the report prints each
+    one (a head's variants share their head's) instead of one curve as if it were every head's."""
     prompts = [(Question(1, "a", "p"), torch.zeros(1, 3, dtype=torch.long))]
-    curve = {"sizes": [1, 2], "seconds": [0.040, 0.044], "device": "cpu-x", "dtype": "float32"}
+    curve = {"sizes": [1, 2], "seconds": [0.040, 0.044], "device": "cpu-x", "dtype": "float32", "prefix_len": 412}
+    longer = {**curve, "seconds": [0.050, 0.061], "prefix_len": 690}
     methods = [stub("base", [1, 2], 2.0, 2)]
-    for name, clock in (("head-a", 1.5), ("head-b", 0.9)):
-        scaled = {**curve, "seconds": [s * clock for s in curve["seconds"]]}
+    for name, timed in (("head-a", curve), ("head-a+lookup", curve), ("head-b", longer)):
         methods.append(stub(name, [1, 2], 1.0, 1))
-        methods[-1].extra = {"tree": "auto", "auto_tree": {"choices": [[0]], "clock": clock}, "cost_curve": scaled}
+        methods[-1].extra = {"tree": "auto", "auto_tree": {"choices": [[0]]}, "cost_curve": timed}
     records = run_benchmark(methods, prompts, max_new_tokens=2, warmup_tokens=0, progress=False)
     text = markdown_report(aggregate(records, methods, {"temperature": 0.0}))
-    assert "Target forward cost by new tokens (cpu-x, float32, auto trees): 1: 40 ms, 2: 44 ms" in text
-    assert "calibration's clock (verify time over the curve's): `head-a` 1.50x, `head-b` 0.90x" in text
+    assert "as each auto tree's calibration timed it (cpu-x, float32):" in text
+    assert "- `head-a`, `head-a+lookup` (412-token context): 1: 40 ms, 2: 44 ms" in text
+    assert "- `head-b` (690-token context): 1: 50 ms, 2: 61 ms" in text
 
 
 def test_identical_counts_speedup_and_loud_mismatches():

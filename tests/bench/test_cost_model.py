@@ -48,15 +48,6 @@ def test_a_size_timed_above_a_larger_one_is_priced_at_the_larger_ones_cost():
     assert CPU.envelope() == CPU.seconds and CPU.at(4) == CPU.seconds[2]  # a rising curve is priced as measured
 
 
-def test_a_cost_curve_is_read_on_another_clock():
-    slow = CPU.scaled(1.5)
-    assert slow.sizes == CPU.sizes and slow.seconds == pytest.approx([1.5 * s for s in CPU.seconds])
-    # three verify steps of 1, 3 and 64 tokens that took 1.5x what the curve prices them at
-    assert CPU.slowdown([1, 3, 64], 1.5 * (CPU.at(1) + CPU.at(3) + CPU.at(64))) == pytest.approx(1.5)
-    assert CPU.slowdown([], 0.0) == 1.0 and CPU.slowdown([4], 0.0) == 1.0  # nothing to compare
-    assert not CPU.timed and CostCurve([1], [0.01], device="x86_64-2t").timed
-
-
 def test_best_first_paths_form_valid_trees_in_decreasing_probability():
     paths = best_first_paths(ACCEPTANCE, 40)
     probs = [p for _, p in paths]
@@ -174,36 +165,6 @@ class WordTokenizer:
         return "".join(f" w{int(i)}" for i in ids)
 
 
-def test_cost_curve_is_measured_once_and_cached(tiny_llama, tmp_path):
-    from specheads.decoding.tuning.cost_curve import load_or_measure_cost_curve
-
-    curve = load_or_measure_cost_curve(tiny_llama, tmp_path, sizes=(1, 4), repeats=1)
-    assert curve.sizes == [1, 4] and all(s > 0 for s in curve.seconds)
-    assert curve.model == "tiny-random-llama" and curve.dtype == "float32"
-    (cached,) = (tmp_path / "cost_model").glob("*.json")
-    assert load_or_measure_cost_curve(tiny_llama, tmp_path) == curve  # read back, not re-measured
-    assert cached.is_file()
-
-
-def test_a_cached_cost_curve_timed_on_a_busy_machine_is_measured_again(tiny_llama, tmp_path):
-    import json
-
-    from specheads.decoding.tuning.cost_curve import CostCurve, cost_curve_cache_path, load_or_measure_cost_curve
-
-    # a SmolLM2 curve cached while a CI run and a demo shared the machine: 4 tokens "cost" more than 6
-    busy = [0.200, 0.225, 0.470, 0.703, 0.398, 0.541, 0.752, 0.776, 1.221]
-    assert CostCurve([1, 2, 3, 4, 6, 8, 16, 32, 64], busy).timed_while_busy()
-    quiet = [0.071, 0.074, 0.079, 0.082, 0.090, 0.095, 0.120, 0.180, 0.300]
-    assert not CostCurve([1, 2, 3, 4, 6, 8, 16, 32, 64], quiet).timed_while_busy()
-    assert not CostCurve([1, 2, 4], [0.004, 0.002, 0.003]).timed_while_busy()  # a tiny model's jitter, under 20 ms
-    path = cost_curve_cache_path(tiny_llama, tmp_path)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"sizes": [1, 4, 6], "seconds": [0.2, 0.7, 0.4], "model": "tiny-random-llama"}))
-    curve = load_or_measure_cost_curve(tiny_llama, tmp_path, sizes=(1, 4), repeats=1)
-    assert curve.sizes == [1, 4] and not curve.timed_while_busy()
-    assert json.loads(path.read_text())["sizes"] == [1, 4]  # the busy curve was replaced in the cache
-
-
 def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
     import torch
 
@@ -216,30 +177,38 @@ def test_auto_tree_builds_a_working_medusa_drafter(tiny_llama):
     prompts = [torch.randint(0, 128, (12,)) for _ in range(2)]
     spec = auto_drafter(head, tiny_llama, WordTokenizer(), GPU, prompts, max_new_tokens=12)
     assert spec.auto is not None and spec.tree.startswith("auto:")
-    assert spec.calibration is not None and spec.calibration.clock == 1.0  # a hand-made curve is taken as given
+    assert spec.calibration is not None and spec.calibration.curve is GPU  # a given curve is taken as is
     assert spec.auto.depth <= head.num_heads
     plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=12)
     drafted = SpeculativeGenerator(tiny_llama, WordTokenizer(), spec.drafter).generate(prompts[0], max_new_tokens=12)
     assert drafted.token_ids == plain.token_ids
 
 
-def test_calibration_puts_a_timed_curve_on_its_own_clock(tiny_llama):
-    """make demo's empty auto trees: a curve cached when the machine ran faster priced verification below the
-    drafting timed now, so no tree paid. A timed curve is scaled by what the calibration's verify forwards took."""
+def test_calibration_times_the_verify_cost_at_its_own_context(tiny_llama):
+    """A curve cached once at a 128-token context priced a 3-token verify at 1.02x one token where a 700-token prompt
+    made it 1.24x, and on an hour's clock that drafting was not timed on: auto trees took nodes that did not pay.
+    Without a given curve, the calibration times one right after its run, at its steps' mean context."""
     from specheads.decoding.tuning.auto_tree import auto_drafter
-    from specheads.decoding.tuning.cost_curve import measure_cost_curve
+    from specheads.decoding.tuning.cost_curve import COST_SIZES, device_label
     from specheads.heads import MedusaConfig, MedusaHeads
 
     torch.manual_seed(0)
     head = MedusaHeads(MedusaConfig(num_heads=2, num_layers=1), tiny_llama).eval()
-    prompts = [torch.randint(0, 128, (12,)) for _ in range(2)]
-    stale = measure_cost_curve(tiny_llama, sizes=(1, 4, 16), repeats=1).scaled(0.01)  # a machine 100x faster
-    spec = auto_drafter(head, tiny_llama, WordTokenizer(), stale, prompts, max_new_tokens=8)
+    prompts = [torch.randint(0, 128, (n,)) for n in (30, 70)]
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), None, prompts, max_new_tokens=8)
     calibration = spec.calibration
-    assert calibration is not None and calibration.clock > 10  # ~100, less what the fastest-of timing saved
-    assert calibration.curve.seconds == pytest.approx([s * calibration.clock for s in stale.seconds])
-    assert spec.auto is not None and spec.auto.step_seconds >= calibration.curve.at(1)
-    assert "x the cost curve's times: priced on this run's clock" in spec.tree
+    assert calibration is not None and spec.auto is not None
+    positions = [step.position for request in calibration.steps for step in request]
+    assert min(positions) >= 31 and max(positions) <= 79  # each prompt's steps, root committed
+    curve = calibration.curve
+    assert curve.prefix_len == round(sum(positions) / len(positions))
+    assert curve.sizes == list(COST_SIZES) and all(s > 0 for s in curve.seconds)
+    assert curve.device == device_label(tiny_llama.device) and curve.model == "tiny-random-llama"
+    assert spec.auto.step_seconds >= curve.at(spec.auto.num_nodes + 1)  # the tree was priced on this curve
+    # a context past what the target holds is timed where the largest size still fits
+    room = tiny_llama.config.max_position_embeddings
+    long = auto_drafter(head, tiny_llama, WordTokenizer(), None, [torch.randint(0, 128, (room - 30,))], 4)
+    assert long.calibration is not None and long.calibration.curve.prefix_len == room - COST_SIZES[-1]
     plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=4).stats
     assert 0 < plain.prefill_s <= plain.verify_s  # the prompt's forward, which no curve prices, is told apart
 
@@ -313,20 +282,20 @@ class CharTokenizer(WordTokenizer):
         return SimpleNamespace(input_ids=torch.tensor([[ord(c) % 128 for c in text]]))
 
 
-def test_cost_curve_is_keyed_by_the_architecture_not_the_folder_name(tmp_path):
-    """Two folders with the same architecture share a curve; a folder overwritten with a bigger model (same name)
-    is measured again instead of reusing the smaller one's timings."""
-    from specheads.decoding.tuning.cost_curve import load_or_measure_cost_curve
+def test_auto_tree_is_keyed_by_the_architecture_not_the_folder_name(tmp_path):
+    """Two folders with the same architecture (and file stamps) share an auto tree; a folder overwritten with a
+    bigger model (same name) gets its own instead of reusing the smaller one's."""
+    from specheads.decoding.tuning.auto_tree import auto_tree_cache_path
+    from specheads.heads import DraftModel
     from tests.tiny_models import make_tiny_llama
 
     small, copy, bigger = make_tiny_llama(), make_tiny_llama(seed=1), make_tiny_llama(num_layers=6)
     small.config.name_or_path, copy.config.name_or_path = str(tmp_path / "a" / "model"), str(tmp_path / "b" / "model")
     bigger.config.name_or_path = small.config.name_or_path
-    first = load_or_measure_cost_curve(small, tmp_path, sizes=(1, 2), repeats=1)
-    assert load_or_measure_cost_curve(copy, tmp_path, sizes=(1, 2), repeats=1) == first  # read back
-    assert len(list((tmp_path / "cost_model").glob("*.json"))) == 1
-    load_or_measure_cost_curve(bigger, tmp_path, sizes=(1, 2), repeats=1)
-    assert len(list((tmp_path / "cost_model").glob("*.json"))) == 2
+    DraftModel.from_target(small, 1).save_pretrained(tmp_path / "head")
+    first = auto_tree_cache_path(tmp_path / "cache", tmp_path / "head", small)
+    assert auto_tree_cache_path(tmp_path / "cache", tmp_path / "head", copy) == first
+    assert auto_tree_cache_path(tmp_path / "cache", tmp_path / "head", bigger) != first
 
 
 def test_auto_tree_cache_entry_changes_when_the_target_folder_is_overwritten(tmp_path):
@@ -373,17 +342,10 @@ def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_w
     assert again.tree.startswith(f"auto, cached from {len(BUILTIN_CALIBRATION_PROMPTS)} built-in prompts:")
     assert (again.drafter is None) == (first.drafter is None) == (first.auto.num_nodes == 0)
 
-    (curve,) = (cache / "cost_model").glob("*.json")
-    stamp = curve.stat().st_mtime_ns
+    stamp = path.stat().st_mtime_ns
     auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, recalibrate=True, log=lines.append)
-    assert any("calibrating" in x for x in lines)  # the head again, and the target's cost curve too (a curve timed
-    assert any("timing the target" in x for x in lines) and curve.stat().st_mtime_ns != stamp  # on a busy machine)
-    lines.clear()
-    auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
-    path.unlink()  # no cached tree: calibrate the head, but read the cached curve
-    lines.clear()
-    auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
-    assert any("the target's cost curve on cpu-" in x for x in lines) and not any("timing" in x for x in lines)
+    assert any("calibrating" in x and "then timing the target's verify cost on cpu-" in x for x in lines)
+    assert path.stat().st_mtime_ns != stamp and not (cache / "cost_model").exists()  # no curve cached apart
 
     path.write_text("{not json")  # a damaged cache entry is measured again, not an error
     lines.clear()
@@ -399,11 +361,10 @@ def test_auto_tree_for_a_saved_head_is_calibrated_once_cached_and_keyed_by_its_w
     assert auto_tree_cache_path(cache, head_dir, tiny_llama) != path  # new weights, new cache entry
 
 
-def test_an_unwritable_cache_costs_a_recalibration_not_the_generation(tiny_llama, tmp_path, caplog):
+def test_an_unwritable_cache_costs_a_recalibration_not_the_generation(tiny_llama, tmp_path):
     """``generate --tree auto`` with a cache folder it cannot write (here a file stands where the folder should be;
     a read-only or full disk fails the same way): the tree is chosen and used, the user told it was not cached."""
     from specheads.decoding.tuning.auto_tree import auto_tree_drafter
-    from specheads.decoding.tuning.cost_curve import load_or_measure_cost_curve
     from specheads.heads import DraftModel, load_head
 
     head_dir, cache = tmp_path / "draft", tmp_path / "cache"
@@ -414,8 +375,6 @@ def test_an_unwritable_cache_costs_a_recalibration_not_the_generation(tiny_llama
     spec = auto_tree_drafter(head, head_dir, tiny_llama, CharTokenizer(), cache, log=lines.append)
     assert spec.auto is not None and any("auto tree: could not cache it (" in line for line in lines), lines
     assert cache.read_text() == "not a folder"
-    curve = load_or_measure_cost_curve(tiny_llama, cache, sizes=(1, 2), repeats=1)
-    assert curve.sizes == [1, 2] and "could not be cached" in caplog.text
 
 
 def test_auto_tree_caches_the_priced_lookup_solo_length_per_branch_size(tiny_llama, tmp_path):
@@ -485,13 +444,9 @@ def test_bench_auto_tree_is_cached_for_generate(tiny_llama, tmp_path, monkeypatc
     spec = auto_tree_drafter(head, head_dir, tiny_llama, WordTokenizer(), tmp_path / "cache", log=lines.append)
     assert lines == [] and spec.tree.startswith("auto, cached from specheads bench on 2 held-out questions:")
     assert spec.auto is not None and spec.auto.choices == cached_choice(path)
-    (curve,) = (tmp_path / "cache" / "cost_model").glob("*.json")
-    stamp = curve.stat().st_mtime_ns
-    build_methods(settings, tiny_llama, WordTokenizer(), prompts, "2 held-out questions")
-    assert curve.stat().st_mtime_ns == stamp  # the cached curve is read
-    settings.recalibrate = True  # --recalibrate: a curve timed on a busy machine is timed again
-    build_methods(settings, tiny_llama, WordTokenizer(), prompts, "2 held-out questions")
-    assert curve.stat().st_mtime_ns != stamp
+    curve = methods[1].extra["cost_curve"]  # what the report prints: the curve the tree was priced on
+    assert curve["device"].startswith("cpu-") and 13 <= curve["prefix_len"] <= 12 + 32  # the questions' context
+    assert not (tmp_path / "cache" / "cost_model").exists()
 
 
 def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, monkeypatch):
@@ -505,7 +460,7 @@ def test_bench_lookup_solo_auto_is_cached_for_generate(tiny_llama, tmp_path, mon
     monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
     # a fixed cost curve, not this machine's measured one: under load that can make plain decoding win, and a head
     # with no tree has no +lookup-solo method (the measurement itself is tested above)
-    monkeypatch.setattr("specheads.bench.lineup.load_or_measure_cost_curve", lambda target, cache_dir, **_: SLOW_FLAT)
+    monkeypatch.setattr("specheads.decoding.tuning.auto_tree.measure_cost_curve", lambda *_, **__: SLOW_FLAT)
     head_dir = tmp_path / "draft"
     DraftModel.from_target(tiny_llama, tiny_llama.config.num_hidden_layers).save_pretrained(head_dir)
     settings = BenchSettings(heads=[str(head_dir)], trees=["auto"], methods=[], lookup_branch=4, lookup_solo="auto")

@@ -5,11 +5,12 @@ this head, or any fixed setting (``chain:D``, ``dynamic:D,K,N`` for EAGLE, a tre
 ``specheads/decoding/trees/`` for Medusa), built by ``head_drafter.build_drafter``.
 
 ``auto_drafter`` runs a short greedy calibration with a wide drafter, records which (depth, rank) guesses the target
-accepts and what drafting costs, and lets ``choose_tree`` pick the tree with the most expected tokens per second on
-the measured verify-cost curve. ``auto_tree_drafter`` is what ``specheads generate --tree auto`` uses: the same
-choice, calibrated on a few built-in prompts and cached per (head weights, target, device, dtype), so only the first
-call pays for the calibration. ``specheads bench --tree auto`` calibrates on held-out benchmark questions and stores
-its choice in the same cache, so generating after a benchmark reuses what the benchmark measured.
+accepts and what drafting costs, times the target's verify cost by tree size at the calibration's context length,
+and lets ``choose_tree`` pick the tree with the most expected tokens per second. ``auto_tree_drafter`` is what
+``specheads generate --tree auto`` uses: the same choice, calibrated on a few built-in prompts and cached per (head
+weights, target, device, dtype), so only the first call pays for the calibration. ``specheads bench --tree auto``
+calibrates on held-out benchmark questions and stores its choice in the same cache, so generating after a benchmark
+reuses what the benchmark measured.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.decoding.tuning.cost_curve import (
+    COST_SIZES,
     CostCurve,
     architecture_digest,
     cache_file_name,
-    cost_curve_cache_path,
     device_label,
-    load_or_measure_cost_curve,
+    measure_cost_curve,
     write_cache_file,
 )
 from specheads.decoding.tuning.cost_model import (
@@ -52,8 +53,8 @@ from specheads.decoding.tuning.cost_model import (
 )
 from specheads.target import cache_root
 
-AUTO_TREE_VERSION = 4  # bump when what a cached choice means changes (3: costs with one-row products padded;
-# 4: the cost curve on the calibration's clock)
+AUTO_TREE_VERSION = 5  # bump when what a cached choice means changes (3: costs with one-row products padded;
+# 4: the cost curve on the calibration's clock; 5: the cost curve timed by the calibration, at its context length)
 CALIBRATION_TOKENS = 32
 BUILTIN_CALIBRATION_PROMPTS = (
     # One short request per kind of task a chat model gets (as Spec-Bench's categories), written for this purpose:
@@ -78,10 +79,9 @@ class Calibration:
 
     sequences: list[torch.Tensor]  # each calibration prompt with its greedy output
     steps: list[list[CalibrationStep]]
-    curve: CostCurve  # on the calibration's clock
+    curve: CostCurve  # timed right after the calibration, at its mean context (or the one given)
     draft_cost: DraftCost
     overhead_s: float
-    clock: float = 1.0  # the calibration's verify time over what the curve as given priced it at
 
 
 @dataclass
@@ -117,17 +117,19 @@ def auto_drafter(
     head: Any,
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    curve: CostCurve,
+    curve: CostCurve | None,
     prompts: list[torch.Tensor],
     max_new_tokens: int = CALIBRATION_TOKENS,
     kernels: Kernels | None = None,
 ) -> DrafterSpec:
-    """Calibrate the head's per-(depth, rank) acceptance on ``prompts`` (greedy), then let the cost model choose."""
+    """Calibrate the head's per-(depth, rank) acceptance on ``prompts`` (greedy), then let the cost model choose.
+    ``curve``: the verify cost by tree size; None (what ``generate`` and ``bench`` use) times it after the
+    calibration, on the same clock as its drafting and at its mean context length; a given one is taken as is."""
     wide, depth = calibration_drafter(head)
     recorder = RecordingDrafter(wide)
     generator = SpeculativeGenerator(target, tokenizer, drafter=recorder, acceptance="greedy", kernels=kernels)
     recorder.max_context = generator.max_context
-    draft_s = overhead_s = verify_s = 0.0
+    draft_s = overhead_s = 0.0
     steps = 0
     sequences = []
     for prompt in prompts:
@@ -136,21 +138,22 @@ def auto_drafter(
         sequences.append(torch.cat([prompt.view(-1).cpu(), torch.tensor(result.token_ids, dtype=torch.long)]))
         draft_s += stats.draft_s
         overhead_s += stats.bookkeeping_s  # the prompt's forward is verify time, not bookkeeping
-        verify_s += stats.verify_s - stats.prefill_s
         steps += len(stats.accepted_lengths)
     per_step = draft_s / max(steps, 1)
     draft_cost = DraftCost(fixed_s=per_step) if head.head_type == "medusa" else DraftCost(per_depth_s=per_step / depth)
     max_nodes = 63 if head.head_type != "draft_model" else CALIBRATION_CHAIN_DEPTH
     overhead = overhead_s / max(steps, 1)
-    # drafting and bookkeeping were timed just now; a cached curve may come from a faster or slower hour of a shared
-    # machine, so it is put on this run's clock by what its own verify forwards took (a hand-made curve is kept)
-    clock = curve.slowdown([s.nodes for request in recorder.steps for s in request], verify_s) if curve.timed else 1.0
-    curve = curve.scaled(clock)
+    if curve is None:
+        # a verify over n tokens costs more, relative to one, the longer the context it attends to; and drafting was
+        # timed just now, on a shared machine's clock of this minute: the verify cost is timed the same way
+        positions = [s.position for request in recorder.steps for s in request] or [1]
+        context = round(sum(positions) / len(positions))
+        if generator.max_context:  # the largest size must fit after the prefix
+            context = min(context, generator.max_context - COST_SIZES[-1])
+        curve = measure_cost_curve(target, COST_SIZES, prefix_len=max(context, 1), kernels=kernels)
     choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead, max_nodes)
     note = "" if choice.num_nodes else " (drafting does not pay here: plain decoding, the head is not used)"
-    if not 0.8 <= clock <= 1.25:
-        note += f" (verify forwards took {clock:.2f}x the cost curve's times: priced on this run's clock)"
-    calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead, clock)
+    calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead)
     return DrafterSpec(drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice, calibration)
 
 
@@ -324,7 +327,7 @@ def auto_tree_drafter(
     the calibration run and cached with the tree per branch size; a cached tree without that price is calibrated
     again (its calibration run is not kept).
 
-    ``log`` receives one line per stage (the cost curve and the calibration take a while on first use).
+    ``log`` receives one line per stage (the calibration takes a while on first use).
     ``cache_dir`` defaults to ``$SPECHEADS_CACHE`` or ``~/.cache/specheads``, as for ``specheads generate``.
     ``kernels``: the generator's (``SpeculativeGenerator(kernels=...)``), so that calibration times what it runs."""
     check_solo_length(lookup_solo)  # before the calibration, which takes a while
@@ -336,16 +339,13 @@ def auto_tree_drafter(
         cached = None
     if cached is not None:
         return _cached_auto_spec(head, cached, lookup_branch, lookup_solo)
-    curve_path = cost_curve_cache_path(target, Path(cache_dir))
-    if recalibrate or not curve_path.is_file():
-        log(f"auto tree: timing the target on {device_label(target.device)} (cached after the first run)")
-    else:
-        log(f"auto tree: the target's cost curve on {device_label(target.device)}, cached in {curve_path}")
-    curve = load_or_measure_cost_curve(target, Path(cache_dir), refresh=recalibrate, kernels=kernels)
     encode = SpeculativeGenerator(target, tokenizer).encode
     prompts = [encode(text).view(-1) for text in BUILTIN_CALIBRATION_PROMPTS]
-    log(f"auto tree: calibrating the head on {len(prompts)} built-in prompts ({CALIBRATION_TOKENS} tokens each)")
-    spec = auto_drafter(head, target, tokenizer, curve, prompts, CALIBRATION_TOKENS, kernels)
+    log(
+        f"auto tree: calibrating the head on {len(prompts)} built-in prompts ({CALIBRATION_TOKENS} tokens each), "
+        f"then timing the target's verify cost on {device_label(target.device)}"
+    )
+    spec = auto_drafter(head, target, tokenizer, None, prompts, CALIBRATION_TOKENS, kernels)
     assert spec.auto is not None
     priced: dict[int, int | None] = {}
     if lookup_branch:

@@ -1,5 +1,5 @@
-"""What a target forward over n new tokens costs on this device: measured once per (device, architecture, dtype)
-and cached, since the best draft tree depends on it (``cost_model.choose_tree``).
+"""What a target forward over n new tokens costs on this device, since the best draft tree depends on it
+(``cost_model.choose_tree``): timed by each ``auto`` calibration at its own context length, on its own clock.
 
 Verifying many tree nodes costs several decode steps on a small CPU but about one on a GPU (docs/results.md).
 """
@@ -9,12 +9,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import platform
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,21 +24,14 @@ from specheads.decoding.kv_cache import crop_to, new_cache
 from specheads.decoding.tree import chain_parents
 from specheads.decoding.verify import attention_layout, verify_tree
 
-logger = logging.getLogger(__name__)
-
 COST_SIZES = (1, 2, 3, 4, 6, 8, 16, 32, 64)
-COST_CURVE_VERSION = 7  # bump when what is timed changes (2: swap kernel; 3: row-major; 4: sizes; 5: measured swap;
-# 6: grouped-query attention for masked forwards; 7: one row measured as a padded product too)
 """Numbers of new tokens (tree nodes, root included) whose forward cost is measured; others are interpolated."""
-
-
-BUSY_DROP = 0.6  # a larger size timed under 60% of a smaller one ...
-BUSY_MARGIN_S = 0.02  # ... and 20 ms under it: beyond what a quiet machine's noise or a tiny model's overhead gives
+COST_REPEATS = 8  # timed passes over the sizes, the fastest kept: with 3, one slow single-token pass set every ratio
 
 
 @dataclass
 class CostCurve:
-    """Seconds of one target forward over n new tokens on top of a cached prefix, at a few n."""
+    """Seconds of one target forward over n new tokens on top of a ``prefix_len``-token cache, at a few n."""
 
     sizes: list[int]
     seconds: list[float]
@@ -59,16 +51,6 @@ class CostCurve:
         slope = (secs[-1] - secs[-2]) / (sizes[-1] - sizes[-2]) if len(sizes) > 1 else 0.0
         return secs[-1] + slope * (n - sizes[-1])
 
-    def timed_while_busy(self) -> bool:
-        """A forward over more tokens cannot cost much less than one over fewer: a curve where it does (by over
-        ``BUSY_DROP`` and ``BUSY_MARGIN_S``) was timed while other work slowed some of its sizes."""
-        peak = 0.0
-        for seconds in self.seconds:
-            if seconds < BUSY_DROP * peak and peak - seconds > BUSY_MARGIN_S:
-                return True
-            peak = max(peak, seconds)
-        return False
-
     def envelope(self) -> list[float]:
         """The measured seconds made non-decreasing in n: a forward over fewer tokens costs at most what one over
         more did, so a small size timed above a larger one (noise only adds time) is priced at the larger's cost."""
@@ -77,21 +59,6 @@ class CostCurve:
             lowest = min(lowest, seconds)
             priced.append(lowest)
         return priced[::-1]
-
-    @property
-    def timed(self) -> bool:
-        """Measured by ``measure_cost_curve`` (it names the device); a curve given by hand has no device."""
-        return bool(self.device)
-
-    def slowdown(self, nodes: Sequence[int], seconds: float) -> float:
-        """How many times slower than this curve a run went that verified trees of ``nodes`` tokens (root included)
-        in ``seconds`` all told; 1.0 when there is nothing to compare."""
-        priced = sum(self.at(n) for n in nodes)
-        return seconds / priced if priced > 0 and seconds > 0 else 1.0
-
-    def scaled(self, factor: float) -> CostCurve:
-        """The same curve on a clock ``factor`` times slower (the machine's speed changed since it was timed)."""
-        return replace(self, seconds=[s * factor for s in self.seconds])
 
     def relative(self) -> list[float]:
         """Cost of each measured size, as the cost model prices it, relative to one token (1.0 = a decode step)."""
@@ -145,10 +112,11 @@ def measure_cost_curve(
     target: PreTrainedModel,
     sizes: Sequence[int] = COST_SIZES,
     prefix_len: int = 128,
-    repeats: int = 3,
+    repeats: int = COST_REPEATS,
     kernels: Kernels | None = None,
 ) -> CostCurve:
-    """Time one chain verification of each size on top of a ``prefix_len`` cache.
+    """Time one chain verification of each size on top of a ``prefix_len`` cache (attention over a longer context
+    costs a multi-token forward more than a single-token one, so the prefix is the context decoding will see).
 
     Sizes are interleaved within each repeat and the minimum is kept: on a shared machine, noise only ever adds
     time, so the fastest run is the best estimate of the cost itself. The first pass is a discarded warm-up.
@@ -174,41 +142,6 @@ def measure_cost_curve(
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     name = str(target.config.name_or_path)
     return CostCurve(list(sizes), [best[n] for n in sizes], device_label(device), name, dtype, prefix_len)
-
-
-def cost_curve_cache_path(target: PreTrainedModel, cache_dir: Path) -> Path:
-    """Where the cost curve of ``target`` on its device and dtype is cached (``load_or_measure_cost_curve``)."""
-    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    name = Path(str(target.config.name_or_path)).name  # readable; the digest is what tells models apart
-    key = (device_label(target.device), name, architecture_digest(target), dtype, f"v{COST_CURVE_VERSION}")
-    return Path(cache_dir) / "cost_model" / cache_file_name(*key)
-
-
-def load_or_measure_cost_curve(
-    target: PreTrainedModel,
-    cache_dir: Path,
-    refresh: bool = False,
-    sizes: Sequence[int] = COST_SIZES,
-    repeats: int = 3,
-    kernels: Kernels | None = None,
-) -> CostCurve:
-    """The cached curve for (device, architecture, dtype) under ``cache_dir``, measuring and caching it on first
-    use, or again with ``refresh`` (a curve timed while the machine was busy)."""
-    path = cost_curve_cache_path(target, cache_dir)
-    if path.is_file() and not refresh:
-        cached = CostCurve(**json.loads(path.read_text()))
-        if not cached.timed_while_busy():
-            return cached
-        logger.warning("the cached verify-cost curve %s was timed on a busy machine; measuring it again", path)
-    curve = measure_cost_curve(target, sizes, repeats=repeats, kernels=kernels)
-    if curve.timed_while_busy():
-        logger.warning("the verify-cost curve was timed while the machine was busy; --recalibrate when it is quiet")
-    failed = write_cache_file(path, json.dumps(asdict(curve), indent=2))
-    if failed:
-        logger.warning(
-            "the verify-cost curve could not be cached in %s (%s); it is measured again next time", path, failed
-        )
-    return curve
 
 
 def _sync(device: torch.device) -> None:
