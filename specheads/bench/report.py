@@ -287,7 +287,9 @@ def _trees_costs_and_mismatches(report: dict[str, Any]) -> list[str]:
         for key, names in by_curve.items():
             c = json.loads(key)
             cells = ", ".join(f"{n}: {1000 * s:.0f} ms" for n, s in zip(c["sizes"], c["seconds"]))
-            lines.append(f"- {', '.join(names)} ({c.get('prefix_len', 0)}-token context): {cells}")
+            # a curve given by hand (or an old report's without one) has no context length
+            context = f" ({c['prefix_len']}-token context)" if c.get("prefix_len") else ""
+            lines.append(f"- {', '.join(names)}{context}: {cells}")
     if report.get("near_ties"):
         lines += ["", f"Near-ties at T=0 ({report['config'].get('dtype')}: outputs part where the baseline's own "
                   "logits were within a few 16-bit steps, which a multi-token verify rounds differently; not counted "

@@ -102,7 +102,7 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     model, _ = smollm2
     cache = tmp_path / "cache"
     cache.mkdir()
-    (cache / "targets").symlink_to(cache_root() / "targets")  # the converted SmolLM2, not the cost curve or trees
+    (cache / "targets").symlink_to(cache_root() / "targets")  # the converted SmolLM2, not the auto trees
     monkeypatch.setenv("SPECHEADS_CACHE", str(cache))
     # fewer and shorter calibration runs than the built-in six (the tiny-model test covers those)
     monkeypatch.setattr(auto_tree, "BUILTIN_CALIBRATION_PROMPTS", auto_tree.BUILTIN_CALIBRATION_PROMPTS[:2])

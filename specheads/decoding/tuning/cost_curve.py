@@ -77,7 +77,7 @@ def device_label(device: torch.device) -> str:
 def architecture_digest(target: PreTrainedModel) -> str:
     """A digest of what a forward's cost depends on besides the device and dtype: the model's config (its name and
     the transformers version left out) and its attention implementation. Two folders holding the same architecture
-    share a cost curve; a folder overwritten with another model does not reuse the old one's."""
+    share an auto tree; a folder overwritten with another model does not reuse the old one's."""
     config = {k: v for k, v in target.config.to_dict().items() if k not in _NOT_ARCHITECTURE}
     config["attn_implementation"] = target.config._attn_implementation
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:12]
