@@ -315,7 +315,8 @@ def test_the_report_prints_each_auto_trees_curve_once_with_its_context():
     curve = {"sizes": [1, 2], "seconds": [0.040, 0.044], "device": "cpu-x", "dtype": "float32", "prefix_len": 412}
     longer = {**curve, "seconds": [0.050, 0.061], "prefix_len": 690}
     methods = [stub("base", [1, 2], 2.0, 2)]
-    for name, timed in (("head-a", curve), ("head-a+lookup", curve), ("head-b", longer)):
+    given = {"sizes": [1, 2], "seconds": [0.030, 0.031], "device": "", "dtype": ""}  # by hand: no context length
+    for name, timed in (("head-a", curve), ("head-a+lookup", curve), ("head-b", longer), ("head-c", given)):
         methods.append(stub(name, [1, 2], 1.0, 1))
         methods[-1].extra = {"tree": "auto", "auto_tree": {"choices": [[0]]}, "cost_curve": timed}
     records = run_benchmark(methods, prompts, max_new_tokens=2, warmup_tokens=0, progress=False)
@@ -323,6 +324,7 @@ def test_the_report_prints_each_auto_trees_curve_once_with_its_context():
     assert "as each auto tree's calibration timed it (cpu-x, float32):" in text
     assert "- `head-a`, `head-a+lookup` (412-token context): 1: 40 ms, 2: 44 ms" in text
     assert "- `head-b` (690-token context): 1: 50 ms, 2: 61 ms" in text
+    assert "- `head-c`: 1: 30 ms, 2: 31 ms" in text
 
 
 def test_identical_counts_speedup_and_loud_mismatches():
