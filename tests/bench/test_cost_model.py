@@ -201,8 +201,8 @@ def test_calibration_times_the_verify_cost_at_its_own_context(tiny_llama):
     positions = [step.position for request in calibration.steps for step in request]
     assert min(positions) >= 31 and max(positions) <= 79  # each prompt's steps, root committed
     curve = calibration.curve
-    assert curve.prefix_len == round(sum(positions) / len(positions))
-    assert curve.sizes == list(COST_SIZES) and all(s > 0 for s in curve.seconds)
+    assert curve.prefix_len == round(sum(p - 1 for p in positions) / len(positions))  # the cache, not the root
+    assert curve.sizes == list(COST_SIZES) and all(s > 0 for s in curve.seconds)  # a tree of up to 64 tokens
     assert curve.device == device_label(tiny_llama.device) and curve.model == "tiny-random-llama"
     assert spec.auto.step_seconds >= curve.at(spec.auto.num_nodes + 1)  # the tree was priced on this curve
     # a context past what the target holds is timed where the largest size still fits
@@ -211,6 +211,31 @@ def test_calibration_times_the_verify_cost_at_its_own_context(tiny_llama):
     assert long.calibration is not None and long.calibration.curve.prefix_len == room - COST_SIZES[-1]
     plain = SpeculativeGenerator(tiny_llama, WordTokenizer()).generate(prompts[0], max_new_tokens=4).stats
     assert 0 < plain.prefill_s <= plain.verify_s  # the prompt's forward, which no curve prices, is told apart
+
+
+def test_cost_sizes_cover_the_largest_tree_and_fit_the_target():
+    """A draft model's chain is at most 9 tokens: it was timed at 32 and 64 tokens too, ~10 s a calibration on
+    SmolLM2; and a target with few positions had 64 tokens timed past its end."""
+    from specheads.decoding.tuning.cost_curve import COST_SIZES, cost_sizes
+
+    assert cost_sizes(64) == list(COST_SIZES)
+    assert cost_sizes(9) == [1, 2, 3, 4, 6, 8, 16]  # the first size past 9 too: the curve interpolates up to it
+    assert cost_sizes(8) == [1, 2, 3, 4, 6, 8]
+    assert cost_sizes(64, max_context=40) == [1, 2, 3, 4, 6, 8, 16]  # a prefix as long as the largest still fits
+    assert cost_sizes(64, max_context=1) == [1]
+
+
+def test_a_draft_models_calibration_times_only_the_sizes_its_chain_needs(tiny_llama):
+    from specheads.decoding.tuning.auto_tree import CALIBRATION_CHAIN_DEPTH, auto_drafter
+    from specheads.heads import DraftModel
+
+    torch.manual_seed(0)
+    head = DraftModel.from_target(tiny_llama, 1).eval()
+    spec = auto_drafter(head, tiny_llama, WordTokenizer(), None, [torch.randint(0, 128, (20,))], max_new_tokens=6)
+    assert spec.calibration is not None and spec.auto is not None
+    sizes = spec.calibration.curve.sizes
+    assert sizes[-1] >= CALIBRATION_CHAIN_DEPTH + 1 and 32 not in sizes and 64 not in sizes
+    assert spec.auto.num_nodes <= CALIBRATION_CHAIN_DEPTH
 
 
 def test_calibration_prices_each_step_s_bookkeeping(tiny_llama):

@@ -35,10 +35,10 @@ from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tree import DynamicTreeConfig, static_tree
 from specheads.decoding.tuning.cost_curve import (
-    COST_SIZES,
     CostCurve,
     architecture_digest,
     cache_file_name,
+    cost_sizes,
     device_label,
     measure_cost_curve,
     write_cache_file,
@@ -146,11 +146,13 @@ def auto_drafter(
     if curve is None:
         # a verify over n tokens costs more, relative to one, the longer the context it attends to; and drafting was
         # timed just now, on a shared machine's clock of this minute: the verify cost is timed the same way
-        positions = [s.position for request in recorder.steps for s in request] or [1]
+        # (a step's position counts its root, which the verify feeds: the cache holds one token fewer)
+        positions = [s.position - 1 for request in recorder.steps for s in request] or [1]
         context = round(sum(positions) / len(positions))
+        sizes = cost_sizes(max_nodes + 1, generator.max_context)
         if generator.max_context:  # the largest size must fit after the prefix
-            context = min(context, generator.max_context - COST_SIZES[-1])
-        curve = measure_cost_curve(target, COST_SIZES, prefix_len=max(context, 1), kernels=kernels)
+            context = min(context, generator.max_context - sizes[-1])
+        curve = measure_cost_curve(target, sizes, prefix_len=max(context, 1), kernels=kernels)
     choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead, max_nodes)
     note = "" if choice.num_nodes else " (drafting does not pay here: plain decoding, the head is not used)"
     calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead)

@@ -30,6 +30,15 @@ COST_REPEATS = 16  # timed passes over the sizes, the fastest kept: with 3 or 8,
 # small sizes' ratios (3 tokens priced at 1.03x or 1.12x one token, where 16 passes read 1.22-1.28x on SmolLM2)
 
 
+def cost_sizes(max_tokens: int, max_context: int = 0) -> list[int]:
+    """The sizes a tree of up to ``max_tokens`` tokens (root included) is priced on: ``COST_SIZES`` up to the first
+    that covers it (the curve extrapolates past its largest), none longer than half the target's positions
+    (``max_context``, 0 for no limit) so that a prefix fits before it."""
+    fits = [n for n in COST_SIZES if not max_context or n <= max_context // 2] or [1]
+    covering = [n for n in fits if n >= max_tokens]
+    return [n for n in fits if n < max_tokens] + covering[:1]
+
+
 @dataclass
 class CostCurve:
     """Seconds of one target forward over n new tokens on top of a ``prefix_len``-token cache, at a few n."""
