@@ -83,7 +83,13 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -
 
 def _add_method_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:
     p = parser.add_argument_group("methods compared")
-    p.add_argument("--head", dest="heads", action="append", default=[], help="head folder (repeatable)")
+    p.add_argument(
+        "--head",
+        dest="heads",
+        action="append",
+        default=[],
+        help="head folder (repeatable; one folder twice under two --tree is reported as NAME@TREE each)",
+    )
     p.add_argument(
         "--tree",
         dest="trees",

@@ -63,10 +63,10 @@ def build_methods(
         raise ValueError(
             "--tree auto needs calibration prompts and got none; pass --calibration-data FILE, or a fixed --tree"
         )
-    for head_arg, tree in zip(settings.heads, trees):
-        _check_names_free(settings, head_arg, methods)
+    for head_arg, tree, name in zip(settings.heads, trees, head_method_names(settings)):
+        _check_names_free(settings, head_arg, name, methods)
         calibrated = (calibration, calibration_source, kernels)
-        methods += _head_methods(settings, head_arg, tree, target, tokenizer, *calibrated)
+        methods += _head_methods(settings, head_arg, tree, name, target, tokenizer, *calibrated)
     return methods
 
 
@@ -80,10 +80,18 @@ def trees_per_head(settings: BenchSettings) -> list[str]:
     return trees * len(settings.heads) if len(trees) == 1 else trees
 
 
-def _check_names_free(settings: BenchSettings, head_arg: str, methods: list[Method]) -> None:
+def head_method_names(settings: BenchSettings) -> list[str]:
+    """Each ``--head``'s method name, ``specheads-FOLDER``; a folder given again with another tree (one head under
+    ``auto`` and ``chain:1``) is told apart by its tree, ``specheads-FOLDER@TREE``."""
+    trees = trees_per_head(settings)
+    names = [f"specheads-{Path(head_arg).name}" for head_arg in settings.heads]
+    retreed = [any(n == name and t != tree for n, t in zip(names, trees)) for name, tree in zip(names, trees)]
+    return [f"{name}@{tree}" if again else name for name, tree, again in zip(names, trees, retreed)]
+
+
+def _check_names_free(settings: BenchSettings, head_arg: str, base: str, methods: list[Method]) -> None:
     """A head's methods are keyed by name in the runs and the report: two methods of one name would mix their runs.
     Checked before the head is loaded and calibrated, against every variant the settings may add."""
-    base = f"specheads-{Path(head_arg).name}"
     variants = [settings.backoff, settings.lookup_branch, settings.drafter_window, settings.lookup_solo is not None]
     suffixes = [s for s, on in zip(("+backoff", "+lookup", "+window", "+lookup-solo"), variants) if on]
     taken = {m.name for m in methods}
@@ -91,7 +99,7 @@ def _check_names_free(settings: BenchSettings, head_arg: str, methods: list[Meth
     if clash is not None:
         raise ValueError(
             f"--head {head_arg} would be reported as {clash!r}, a name another method already has (two --head "
-            "folders of one name, or a folder named like a built-in method or a variant); rename the folder"
+            "folders of one name and tree, or a folder named like a built-in method or a variant); rename the folder"
         )
 
 
@@ -120,6 +128,7 @@ def _head_methods(
     settings: BenchSettings,
     head_arg: str,
     tree: str,
+    name: str,
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     calibration: list[torch.Tensor],
@@ -147,7 +156,7 @@ def _head_methods(
         print(f"{head_arg}: verify cost by tree size at a {curve.prefix_len}-token context (1 token = 1): {relative}")
     else:
         spec = fixed_drafter(head, tree)
-    name, what = f"specheads-{Path(head_arg).name}", f"{head.head_type} head"
+    what = f"{head.head_type} head"
     unused = [o for o, on in [("--backoff", settings.backoff), ("--drafter-window", settings.drafter_window)] if on]
     unused += ["--lookup-solo"] if settings.lookup_solo is not None else []
     if spec.drafter is None and unused:  # the variants vary a head's drafting, and this one drafts nothing

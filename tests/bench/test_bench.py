@@ -605,6 +605,28 @@ def test_bench_refuses_an_automatic_solo_length_on_a_fixed_tree_and_bad_lengths(
     assert "the lookup branch matches, 2 to 3, or 'auto'; got 4" in capsys.readouterr().err
 
 
+def test_one_head_under_two_trees_gets_a_method_each(tmp_path, tiny_llama):
+    """The same folder given twice with another tree (auto and a fixed chain) is told apart by its tree, variants
+    included; given twice with one tree it is still refused (the case below)."""
+    from specheads.bench.lineup import build_methods
+    from specheads.bench.settings import BenchSettings
+    from specheads.heads import MedusaConfig, MedusaHeads
+    from tests.decoding.helpers import TinyTokenizer
+
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "x")
+    settings = BenchSettings(heads=[str(tmp_path / "x")] * 2, trees=["chain:2", "chain:1"], methods=[], lookup_branch=3)
+    methods = build_methods(settings, tiny_llama, TinyTokenizer(), [])
+    names = [
+        "generate",
+        "specheads-x@chain:2",
+        "specheads-x@chain:2+lookup",
+        "specheads-x@chain:1",
+        "specheads-x@chain:1+lookup",
+    ]
+    assert [m.name for m in methods] == names
+    assert [methods[i].extra["tree"].split(" ")[0] for i in (1, 2, 3, 4)] == ["chain:2"] * 2 + ["chain:1"] * 2
+
+
 @pytest.mark.parametrize(
     ("heads", "flags", "clash"),
     [

@@ -24,9 +24,21 @@ def test_demo_training_overrides_are_a_valid_eagle3_config():
 
 def test_demo_bench_compares_against_plain_generate_with_the_noise_floor_beside_it():
     assert demo.BENCH.methods == ["specheads-plain"]  # the loop drafting nothing: what a head's speedup stands on
-    assert demo.BENCH.heads == [str(demo.HEAD_DIR), str(demo.REFERENCE_HEAD)]
+    assert demo.BENCH.heads == [str(demo.HEAD_DIR), str(demo.REFERENCE_HEAD), str(demo.REFERENCE_HEAD)]
     assert (demo.REFERENCE_HEAD / "config.json").is_file()  # committed: the demo benches it without training it
     assert demo.BENCH.lookup_branch == 5  # the head is also shown with a prompt-lookup branch (NAME+lookup)
+
+
+def test_demo_shows_the_reference_head_under_auto_and_under_one_fixed_guess():
+    """An auto tree priced out on a slow minute showed nothing of the reference head; one fixed guess always drafts."""
+    from specheads.bench.lineup import head_method_names
+
+    reference = f"specheads-{demo.REFERENCE_HEAD.name}"
+    assert head_method_names(demo.BENCH) == [
+        f"specheads-{demo.HEAD_DIR.name}",
+        f"{reference}@auto",
+        f"{reference}@chain:1",
+    ]
 
 
 def test_demo_checks_the_question_file_before_ten_minutes_of_training(tmp_path, monkeypatch, capsys):
