@@ -87,7 +87,7 @@ class TreeChoice:
         nodes = f"{self.num_nodes} node{'' if self.num_nodes == 1 else 's'}"
         return (
             f"{nodes}, depth {self.depth}, top-{self.top_k}: expected tau {self.expected_tau:.2f}, "
-            f"{self.expected_tokens_per_s:.1f} tokens/s"
+            f"{self.expected_tokens_per_s:.1f} tokens/s decoding (the prompt's forward apart)"
         )
 
 
