@@ -139,7 +139,9 @@ def print_summary(report: dict) -> None:
         print(f"{name:<{width}} {s['tau']:>5.2f} {s['tokens_per_s']:>9.1f} {s['speedup']:>7.2f}x {same:>10}")
     for name, method in report["methods"].items():
         if method.get("auto_tree", {}).get("choices") == []:
+            fixed = name.replace("@auto", "@chain:1")
+            anyway = f"; {fixed} (a fixed tree) drafts anyway" if fixed != name and fixed in report["results"] else ""
             print(
                 f"  {name}: its auto tree is empty (on this machine its guesses are not accepted often enough to pay "
-                "for a wider verify), so the head drafted nothing in this row; a fixed tree (@chain:1) drafts anyway"
+                f"for a wider verify), so the head drafted nothing in this row{anyway}"
             )

@@ -77,4 +77,31 @@ def test_demo_summary_says_when_a_head_drafted_nothing(capsys):
     lines = capsys.readouterr().out.splitlines()
     notes = [line for line in lines if "drafted nothing" in line]
     assert len(notes) == 1 and notes[0].startswith("  weak: its auto tree is empty"), lines
+    assert "drafts anyway" not in notes[0], "the demo head has no fixed-tree row to point at"
     assert any(line.startswith("strong ") and "1.30x" in line for line in lines)
+
+
+def test_demo_summary_points_an_empty_auto_row_at_its_fixed_tree_row(capsys):
+    """The reference head is benched under auto and chain:1: an empty auto tree's note names the row that drafted."""
+    report = {
+        "baseline": "generate",
+        "results": {
+            "generate": _overall(1.0, 1.0),
+            "specheads-ref@auto": _overall(1.0, 1.05),
+            "specheads-ref@auto+lookup": _overall(1.0, 1.05),
+            "specheads-ref@chain:1": _overall(1.35, 1.24),
+        },
+        "methods": {
+            "generate": {"description": "transformers generate (baseline)"},
+            "specheads-ref@auto": {"auto_tree": {"choices": []}},
+            "specheads-ref@auto+lookup": {"auto_tree": {"choices": []}},
+            "specheads-ref@chain:1": {"tree": "chain:1"},
+        },
+    }
+    demo.print_summary(report)
+    notes = [line for line in capsys.readouterr().out.splitlines() if "drafted nothing" in line]
+    assert len(notes) == 2, notes
+    assert notes[0].startswith("  specheads-ref@auto: its auto tree is empty")
+    assert notes[0].endswith("; specheads-ref@chain:1 (a fixed tree) drafts anyway")
+    # The +lookup variant's fixed twin would be specheads-ref@chain:1+lookup, which this report lacks.
+    assert "drafts anyway" not in notes[1]
