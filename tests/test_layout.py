@@ -4,6 +4,7 @@ the size limit. Also: every `specheads` subcommand is real and answers --help.""
 
 import ast
 import importlib
+import re
 from collections import deque
 from pathlib import Path
 
@@ -195,3 +196,37 @@ def test_the_target_asks_only_the_capability_check_of_heads():
     target_imports = {name for name in _imports(PACKAGE / "target.py") if name.startswith("specheads")}
     assert target_imports == {"specheads.heads.tree_layers"}
     assert not [name for name in _imports(PACKAGE / "heads" / "tree_layers.py") if name.startswith("specheads")]
+
+
+LINE_LINK = re.compile(r"\[([\w/]+\.py):(\d+)\]\(([^)#]+)#L(\d+)\)")
+"""A docs link to a line of code, ``[generator.py:151](../specheads/decoding/generator.py#L151)``."""
+
+
+def stale_line_links(doc: Path) -> list[str]:
+    """Each line link in ``doc`` whose label and anchor disagree, whose file is missing, or whose line is not a
+    ``def``/``class`` or a numbered step comment (``# 2. verify``): code moved under it."""
+    stale = []
+    for match in LINE_LINK.finditer(doc.read_text()):
+        label, labelled, target, anchored = match.groups()
+        path = (doc.parent / target).resolve()
+        lines = path.read_text().splitlines() if path.is_file() else []
+        line = lines[int(anchored) - 1].strip() if 0 < int(anchored) <= len(lines) else ""
+        if labelled != anchored or not re.match(r"(async def|def|class) |# \d+\. ", line):
+            stale.append(f"{doc.name}: [{label}:{labelled}] -> {target}#L{anchored} reads {line[:50]!r}")
+    return stale
+
+
+def test_the_line_link_check_finds_a_link_the_code_moved_under(tmp_path):
+    (tmp_path / "code.py").write_text("import os\n\n\ndef run():\n    # 1. draft: the tree\n    pass\n")
+    doc = tmp_path / "doc.md"
+    doc.write_text("[code.py:4](code.py#L4) and [code.py:5](code.py#L5)")
+    assert stale_line_links(doc) == []
+    doc.write_text("[code.py:3](code.py#L3), [code.py:4](code.py#L5), [gone.py:1](gone.py#L1)")
+    assert len(stale_line_links(doc)) == 3
+
+
+def test_docs_line_links_point_at_what_they_name():
+    docs = [PACKAGE.parent / "README.md", *sorted((PACKAGE.parent / "docs").glob("*.md"))]
+    assert sum(len(LINE_LINK.findall(doc.read_text())) for doc in docs) > 10, "the link pattern no longer matches"
+    stale = [entry for doc in docs for entry in stale_line_links(doc)]
+    assert not stale, "update these anchors (the code moved): " + "; ".join(stale)

@@ -44,7 +44,7 @@ from specheads.decoding.tuning.cpu_attention import applies_to as gqa_applies_to
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
-from specheads.heads.load import read_head_config
+from specheads.heads.load import head_type_of
 from specheads.shipped_data import find_default_questions
 from specheads.target import TargetLoadError, resolve_device_dtype
 
@@ -124,7 +124,7 @@ def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) 
     p.add_argument(
         "--recalibrate",
         action="store_true",
-        help=f"--tree auto: kept so older command lines run, and has no effect: {RETIMED}",
+        help=f"--tree auto: kept so older command lines with --head and --tree auto run; it changes nothing: {RETIMED}",
     )
     p.add_argument(
         "--backoff",
@@ -182,7 +182,7 @@ def run_bench(
     if settings.assistant:
         resolve_head_argument(settings.assistant, "--assistant")
     for head, tree in zip(settings.heads, trees_per_head(settings)):  # every head's tree, before the first calibrates
-        head_type = read_head_config(resolve_head_argument(head, "--head"))["head_type"]
+        head_type = head_type_of(resolve_head_argument(head, "--head"))
         try:
             check_tree_setting(head_type, tree)
         except ValueError as error:

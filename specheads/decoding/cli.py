@@ -40,7 +40,7 @@ from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.base import CONFIG_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError
-from specheads.heads.load import read_head_config, refuse_checkpoint_as_head, required_adapter, resolve_head_folder
+from specheads.heads.load import head_type_of, refuse_checkpoint_as_head, required_adapter, resolve_head_folder
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -178,7 +178,7 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
     head_dir = resolve_head_argument(args.head) if args.head else None  # before the target: a wrong one fails fast
     if head_dir is not None and args.tree is not None:
         try:
-            check_tree_setting(read_head_config(head_dir)["head_type"], args.tree)
+            check_tree_setting(head_type_of(head_dir), args.tree)
         except ValueError as error:
             parser.error(f"--tree: {error}")
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)

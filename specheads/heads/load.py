@@ -99,6 +99,13 @@ def load_head(
     return head
 
 
+def head_type_of(folder: Path) -> str:
+    """The head type a folder loads as, read from its config.json alone: ``eagle`` for a Llama EAGLE-3 checkpoint
+    written by SpecForge, a serving engine or speculators (no specheads record), else the saved ``head_type``."""
+    raw = _read_json(folder / CONFIG_NAME)
+    return "eagle" if is_eagle3_checkpoint(raw) else _checked_head_config(raw, folder / CONFIG_NAME)["head_type"]
+
+
 def read_head_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_NAME
     return _checked_head_config(_read_json(path), path)

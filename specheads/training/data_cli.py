@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         nargs="+",
         default=None,
-        help="HF hidden-state indices (default: EAGLE-3's 2, N//2, N-3 clamped to [0, N], and N)",
+        help="HF hidden-state indices (default: EAGLE-3's 2, N//2, N-3, moved apart on targets under 10 layers, and N; "
+        "N alone on targets under 4 layers)",
     )
     cache.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     cache.add_argument(

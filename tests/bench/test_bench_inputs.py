@@ -184,3 +184,21 @@ def test_a_bench_stopped_with_ctrl_c_reports_what_it_measured(tiny_llama, tmp_pa
     markdown = (tmp_path / "out" / "results.md").read_text()
     assert "**Partial: interrupted (Ctrl-C) after 1 of 2 prompts;" in markdown.split("\n")[0]
     assert "interrupted after 1 of 2 prompts; the finished ones are in" in capsys.readouterr().err
+
+
+def test_an_eagle3_checkpoint_from_another_tool_benches_like_a_saved_head(tiny_llama, tmp_path):
+    """A SpecForge / vLLM-layout folder has no ``head_type``: its tree was checked from that field, and ``bench``
+    stopped at "unknown head_type None" although ``load_head`` reads the folder."""
+    from specheads.heads import EagleConfig, EagleHead, build_vocab_maps
+    from specheads.heads.interop import export_head
+
+    d2t, _ = build_vocab_maps(torch.randint(0, 128, (800,), generator=torch.Generator().manual_seed(0)), 128, 32)
+    head = EagleHead(EagleConfig(version=3, draft_vocab_size=32), tiny_llama, d2t=d2t).eval()
+    export_head(head, tiny_llama, tmp_path / "vllm-head", dtype=torch.float32)
+    assert "head_type" not in json.loads((tmp_path / "vllm-head" / "config.json").read_text())
+    settings = _settings(tmp_path, heads=[str(tmp_path / "vllm-head")], trees=["chain:2"])
+    report, _ = run_bench(settings, tiny_llama, ChatTokenizer())
+    row = report["results"]["specheads-vllm-head"]["overall"]
+    assert row["compared"] == 2 and row["identical"] == 2, row
+    with pytest.raises(ValueError, match=r"--head .*vllm-head: --tree EAGLE heads take --tree chain\[:D\]"):
+        run_bench(_settings(tmp_path, heads=[str(tmp_path / "vllm-head")], trees=["small10"]))

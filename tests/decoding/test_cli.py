@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from specheads.decoding.cli import generate_main
 from specheads.decoding.draft_model_drafter import DraftModelDrafter
@@ -12,6 +13,7 @@ from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.head_drafter import build_drafter
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.heads import DraftModel, EagleConfig, EagleHead, MedusaConfig, MedusaHeads
+from specheads.heads.interop import export_head
 
 pytestmark = pytest.mark.slow
 
@@ -187,13 +189,18 @@ def test_a_tree_the_head_cannot_draft_is_refused_before_the_target_loads(tiny_ll
 
     monkeypatch.setattr(specheads.target, "load_target", no_target)
     EagleHead(EagleConfig(version=1), tiny_llama).save_pretrained(tmp_path / "eagle")
-    for tree, message in [
-        ("small10", "EAGLE heads take --tree chain"),
-        ("dynamic:5,8", "tree setting 'dynamic:5,8': expected dynamic:D,K,N"),
+    # an EAGLE-3 checkpoint in the serving engines' layout has no head_type: its type comes from its architecture
+    export_head(EagleHead(EagleConfig(version=3), tiny_llama), tiny_llama, tmp_path / "vllm", dtype=torch.float32)
+    for folder, tree, message in [
+        ("eagle", "small10", "EAGLE heads take --tree chain"),
+        ("eagle", "dynamic:5,8", "tree setting 'dynamic:5,8': expected dynamic:D,K,N"),
+        ("vllm", "small10", "EAGLE heads take --tree chain"),
     ]:
         with pytest.raises(SystemExit):
-            generate_main(["--head", str(tmp_path / "eagle"), "--tree", tree, "--prompt", "hi"])
+            generate_main(["--head", str(tmp_path / folder), "--tree", tree, "--prompt", "hi"])
         assert f"--tree: {message}" in capsys.readouterr().err
+    with pytest.raises(AssertionError, match="the target was loaded"):  # a tree it drafts passes the check
+        generate_main(["--head", str(tmp_path / "vllm"), "--tree", "chain:2", "--prompt", "hi"])
 
 
 def test_a_request_the_target_cannot_take_is_a_one_line_error(tmp_path, capsys):
