@@ -33,19 +33,22 @@ from specheads.training.metrics import teacher_forced_acceptance
 from specheads.training.run_setup import EpochLengthGroupedSampler
 
 
-def tokens_per_step(cfg, tokenizer, last_step: int) -> list[tuple[int, int]]:
+def tokens_per_step(cfg, tokenizer, last_step: int, num_processes: int = 1) -> list[tuple[int, int]]:
     """(target tokens, loss tokens) trained on by the end of each step up to ``last_step``, replaying the run's order
     epoch by epoch (a data point past the first epoch counts the tokens it saw again)."""
     train_ds, _ = build_datasets(cfg.data, tokenizer)
     lengths = [len(ids) for ids in train_ds["input_ids"]]
     losses = [sum(mask) for mask in train_ds["loss_mask"]]
-    return replay_tokens(lengths, losses, cfg.train, last_step)
+    return replay_tokens(lengths, losses, cfg.train, last_step, num_processes)
 
 
-def replay_tokens(lengths: list[int], losses: list[int], tc, last_step: int) -> list[tuple[int, int]]:
-    """Cumulative (tokens, loss tokens) per optimizer step of batches of ``tc.batch_size * tc.grad_accum`` samples."""
-    step_size = tc.batch_size * tc.grad_accum
-    totals, seen, trained, epoch = [], 0, 0, 0
+def replay_tokens(lengths: list[int], losses: list[int], tc, last_step: int, num_processes: int = 1):
+    """Cumulative (tokens, loss tokens) per optimizer step. Each epoch's order is cut into micro-batches of
+    ``tc.batch_size`` (the last one short) and the epochs run on as one stream, of which a step takes ``tc.grad_accum``
+    micro-batches on each of ``num_processes`` processes: a step may span an epoch's end, as in training. Exact on one
+    process; on several, the few samples Accelerate repeats to even out an epoch's last batches are not counted."""
+    per_step = tc.grad_accum * num_processes
+    totals, pending, seen, trained, epoch = [], 0, 0, 0, 0
     while len(totals) < last_step:
         if tc.group_by_length:
             sampler = EpochLengthGroupedSampler(tc.batch_size, lengths, tc.seed)
@@ -53,13 +56,22 @@ def replay_tokens(lengths: list[int], losses: list[int], tc, last_step: int) -> 
             order = list(sampler)
         else:  # a shuffled loader's order depends on its generator's use; the counts are then per-sample averages
             order = list(range(len(lengths)))
-        for start in range(0, len(order), step_size):
-            chunk = order[start : start + step_size]
-            seen += sum(lengths[i] for i in chunk)
-            trained += sum(losses[i] for i in chunk)
-            totals.append((seen, trained))
+        for start in range(0, len(order), tc.batch_size):
+            micro = order[start : start + tc.batch_size]
+            seen += sum(lengths[i] for i in micro)
+            trained += sum(losses[i] for i in micro)
+            pending += 1
+            if pending == per_step:
+                totals.append((seen, trained))
+                pending = 0
         epoch += 1
     return totals
+
+
+def run_processes(checkpoint: Path) -> int:
+    """How many processes trained the run (its checkpoint's trainer state; 1 for checkpoints that lack it)."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return int(state.get("num_processes", 1))
 
 
 def offset_tokens(rows: list[dict], base: int) -> list[dict]:
@@ -133,7 +145,8 @@ def main() -> None:
     cfg = load_config(run / "train_config.yaml")
     target, tokenizer = load_target(cfg.target.name)
     checkpoints = [c for c in completed_checkpoints(run) if not args.steps or read_step(c) in args.steps]
-    steps = tokens_per_step(cfg, tokenizer, max((read_step(c) for c in checkpoints), default=1))
+    processes = run_processes(checkpoints[-1]) if checkpoints else 1
+    steps = tokens_per_step(cfg, tokenizer, max((read_step(c) for c in checkpoints), default=1), processes)
     eval_cfg = DataConfig(paths=[args.data], max_length=cfg.data.max_length, eval_size=0)
     merge = partial(collate, pad_token_id=tokenizer.pad_token_id or 0)
     records = [json.loads(line) for line in Path(args.data).read_text().splitlines() if line.strip()]

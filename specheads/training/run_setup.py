@@ -140,11 +140,13 @@ def check_cache(dataset: CachedFeatureDataset | ConcatFeatureCache, layer_ids: l
     missing = sorted(set(layer_ids) - set(dataset.layer_ids))
     has_distribution = dataset.meta.get("with_logits") or dataset.meta.get("topk")
     if missing or (needs_logits and not has_distribution):
+        fixes = [f"--layer-ids {' '.join(map(str, sorted(layer_ids)))}"] if missing else []
+        fixes += ["without --no-logits (full logits, or --topk K)"] if needs_logits and not has_distribution else []
         raise ConfigError(
             f"feature cache {path} holds hidden states {dataset.layer_ids} "
             f"{'and a target distribution' if has_distribution else 'and no target distribution'}; this head needs "
             f"hidden states {layer_ids}{' and the distribution' if needs_logits else ''}. Re-run "
-            "`specheads data cache-features` with the head's layer ids."
+            f"`specheads data cache-features` {' and '.join(fixes)} into a new --out-dir"
         )
 
 

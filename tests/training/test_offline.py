@@ -184,6 +184,8 @@ def test_a_cache_that_does_not_fit_the_head_is_one_line_from_the_command(
     assert train_main(["--config", config, *overrides]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds hidden states [2] and a target distribution; this head needs" in err
+    assert "Re-run `specheads data cache-features` --layer-ids " in err and "into a new --out-dir" in err
+    assert "--no-logits" not in err  # the distribution is there: only the layers are missing
     meta_path = cache / "train" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "complete": False}))  # as a killed `cache-features` leaves it
@@ -237,3 +239,17 @@ def test_a_cache_is_not_resumed_with_other_loss_masks(tiny_target_dir, tmp_path)
     (out / "meta.json").write_text(json.dumps(meta))
     cache_features(target, samples, [2], out, with_logits=False, shard_size=1)
     assert CachedFeatureDataset(out)[2]["loss_mask"].tolist() == [0, 0, 1, 1, 1]
+
+
+def test_a_cache_without_the_distribution_asks_for_one_not_for_layers(tmp_path):
+    """A cache written with --no-logits for a head that distils from the target: the message named the layer ids."""
+    from types import SimpleNamespace
+
+    from specheads.training.run_setup import check_cache
+
+    cache = SimpleNamespace(out_dir=tmp_path, layer_ids=[2, 15, 27, 30], meta={"with_logits": False, "topk": None})
+    check_cache(cache, [2, 15, 27], needs_logits=False)  # hidden states alone are enough for this head
+    with pytest.raises(ConfigError, match=r"Re-run `specheads data cache-features` without --no-logits \(full lo"):
+        check_cache(cache, [2, 15, 27], needs_logits=True)
+    with pytest.raises(ConfigError, match=r"--layer-ids 1 2 3 and without --no-logits .* into a new --out-dir"):
+        check_cache(cache, [1, 2, 3], needs_logits=True)

@@ -47,6 +47,30 @@ def test_token_counts_keep_growing_past_the_first_epoch():
         assert totals[5][0] < totals[6][0] < totals[8][0]
 
 
+def test_a_step_of_several_micro_batches_spans_an_epochs_end_as_in_training():
+    """With grad_accum or several processes a step takes several micro-batches from one stream across epochs; the
+    replay started each epoch on a fresh step, so every point after the first epoch's end was off."""
+    from types import SimpleNamespace
+
+    script = load_script("scaling_curve.py")
+    lengths, losses = [5, 9, 2, 7, 4], [3, 6, 1, 5, 2]  # micro-batches of 2: (5, 9) (2, 7) (4) each epoch, in order
+    tc = SimpleNamespace(batch_size=2, grad_accum=2, group_by_length=False, seed=0)
+    totals = script.replay_tokens(lengths, losses, tc, 3)
+    assert totals[:3] == [(23, 15), (27 + 14, 17 + 9), (27 + 27, 17 + 17)]  # step 2: epoch 0's (4), epoch 1's (5, 9)
+    assert (
+        script.replay_tokens(lengths, losses, SimpleNamespace(**{**vars(tc), "grad_accum": 1}), 3, 2)[:3]
+        == (totals[:3])
+    )  # two processes of one micro-batch each consume the stream as one process accumulating two
+
+
+def test_the_process_count_is_read_from_the_checkpoint(tmp_path):
+    script = load_script("scaling_curve.py")
+    (tmp_path / "trainer_state.json").write_text('{"step": 9, "num_processes": 4}')
+    assert script.run_processes(tmp_path) == 4
+    (tmp_path / "trainer_state.json").write_text('{"step": 9}')
+    assert script.run_processes(tmp_path) == 1
+
+
 def test_a_warm_started_run_counts_its_starting_heads_tokens():
     script = load_script("scaling_curve.py")
     shifted = script.offset_tokens(rows(0.5), 1_000_000)
