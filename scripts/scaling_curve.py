@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from specheads.heads import HEADS, EagleHead
 from specheads.target import load_target
-from specheads.training.checkpoint import WEIGHTS_FILE, completed_checkpoints, read_step
+from specheads.training.checkpoint import STATE_FILE, WEIGHTS_FILE, completed_checkpoints, read_step
 from specheads.training.config import load_config
 from specheads.training.data import DataConfig, build_datasets, collate
 from specheads.training.metrics import teacher_forced_acceptance
@@ -70,7 +70,7 @@ def replay_tokens(lengths: list[int], losses: list[int], tc, last_step: int, num
 
 def run_processes(checkpoint: Path) -> int:
     """How many processes trained the run (its checkpoint's trainer state; 1 for checkpoints that lack it)."""
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state = json.loads((checkpoint / STATE_FILE).read_text())
     return int(state.get("num_processes", 1))
 
 

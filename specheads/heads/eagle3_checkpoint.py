@@ -17,6 +17,7 @@ from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.eagle import EagleHead
 from specheads.heads.eagle_config import LLAMA_LAYER, EagleConfig, check_vocab_maps, default_eagle3_layer_ids
 from specheads.heads.eagle_layer import llama_layer_settings
+from specheads.heads.files import safetensors_header
 from specheads.heads.speculators_format import as_engine_checkpoint, is_speculators_checkpoint
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -48,6 +49,7 @@ def load_eagle3_checkpoint(
         pickles = sorted(p.name for p in folder.glob("*.bin"))
         hint = f"; found {pickles}, which specheads does not unpickle: convert them to safetensors" if pickles else ""
         raise HeadLoadError(f"{folder} has no {WEIGHTS_NAME}{hint}")
+    safetensors_header(weights)  # a truncated or corrupt file: a HeadLoadError that says so
     meta, tensors = as_engine_checkpoint(meta, safetensors.torch.load_file(str(weights)))
     # the engines' EAGLE-3 drafter is a Llama layer whatever the target, with the checkpoint's own settings
     layer = llama_layer_settings(LlamaConfig.from_dict(meta))

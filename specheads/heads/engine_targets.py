@@ -93,7 +93,8 @@ def eagle3_target_warning(engine_format: str, model_type: str, layer_ids: Sequen
         )
         return (
             f"{engine}'s model class for {model_type!r} targets does not capture the hidden states an EAGLE-3 drafter "
-            f"reads, so {engine} would refuse this drafter at start-up (docs/serving.md lists the families): {fix}"
+            f"reads, so {engine} would refuse this drafter at start-up (specheads.heads.engine_targets lists the "
+            f"families): {fix}"
         )
     if engine == "sglang" and model_type in SGLANG_ONE_ADDED_ONLY_AFTER_1 and layer_ids and layer_ids[0] != 2:
         return (

@@ -33,7 +33,7 @@ from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint
 from specheads.heads.files import CARD_NAME
 from specheads.heads.hub import HubError
 from specheads.heads.interop import ENGINES, ExportError, export_head
-from specheads.heads.load import LORA_DIR, load_head, read_head_config, resolve_head_folder
+from specheads.heads.load import LORA_DIR, load_head, recorded_target_name, resolve_head_folder
 from specheads.heads.serving_card import serve_command
 
 DTYPES = {"keep": None, "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -88,7 +88,8 @@ def export_main(argv: list[str] | None = None) -> int:
             raise ExportError(
                 f"{args.head} is a Medusa-2 head: its heads were trained with the LoRA adapter in {LORA_DIR}/, and an "
                 "engine would serve them beside the plain target. Merge the adapter into a copy of the target "
-                "(peft's merge_and_unload), serve that copy, and export the heads without the lora/ folder"
+                "(peft's merge_and_unload) and serve that copy; to export the heads, copy the head folder without "
+                "lora/ and without lora_adapter in its config.json, and pass --target the merged copy"
             )
         target_name = args.target or recorded_target(folder, args.head)
         target, tokenizer = load_target(target_name, check_tree_attention=False)
@@ -104,7 +105,7 @@ def export_main(argv: list[str] | None = None) -> int:
             return files
 
         files = replace_export(Path(args.out), write)
-    except (ExportError, HeadConfigError, HeadLoadError, HubError, TargetLoadError, FileNotFoundError, KeyError) as err:
+    except (ExportError, HeadConfigError, HeadLoadError, HubError, TargetLoadError, FileNotFoundError) as err:
         print(f"specheads export: {err}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: {', '.join(files)}\n\n{usage}")
@@ -120,7 +121,7 @@ def recorded_target(folder: Path, given_as: str) -> str:
     except (OSError, ValueError):
         raw = None  # read_head_config says what is wrong with it
     if not (isinstance(raw, dict) and is_eagle3_checkpoint(raw)):
-        name = read_head_config(folder)["config"]["target"]["name_or_path"]
+        name = recorded_target_name(folder)
         if not name:
             raise ExportError(f"{given_as} does not record its target's name (it was built in code): pass --target")
         return name

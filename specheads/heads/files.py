@@ -1,5 +1,11 @@
-"""The file names of a head folder, in a module of their own so that every reader and writer (save, load, card, Hub)
-imports them without importing each other."""
+"""The file names of a head folder and the check that its weights file is readable, in a module of their own so that
+every reader and writer (save, load, card, Hub, the engines' checkpoints) imports them without importing each other."""
+
+from pathlib import Path
+
+import safetensors
+
+from specheads.heads.config import HeadLoadError
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -9,3 +15,16 @@ LORA_DIR = "lora"
 CHECKPOINT_STATE_NAME = "trainer_state.json"
 """The file that marks a training checkpoint folder (written last, so it marks a complete one); a folder with it and
 no ``config.json`` is a checkpoint given where a saved head belongs."""
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Each tensor's shape and dtype code in a safetensors file, read from its header alone; a missing or unreadable
+    file is a ``HeadLoadError``."""
+    if not path.is_file():
+        raise HeadLoadError(f"{path.parent} has no {path.name}; expected a folder written by head.save_pretrained()")
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as handle:
+            slices = {name: handle.get_slice(name) for name in handle.keys()}
+            return {name: (tuple(piece.get_shape()), piece.get_dtype()) for name, piece in slices.items()}
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
+        raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err

@@ -95,6 +95,7 @@ def export_head(
     if engine not in ENGINES:
         raise ExportError(f"engine must be one of {ENGINES}, found {engine!r}")
     out = Path(out_dir)
+    _check_speculators_holds(head, engine)
     if isinstance(head, DraftModel):
         return _export_draft_model(head, out, dtype, tokenizer)
     config, tensors = serving_checkpoint(head, target, engine)
@@ -120,11 +121,7 @@ def serving_checkpoint(
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The config and tensors ``export_head`` writes for an EAGLE head or Medusa heads, after every check that the
     engine computes what the head does; raises ``ExportError`` with the reason where it would not."""
-    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleHead) and head.version == 3):
-        raise ExportError(
-            f"the speculators format holds EAGLE-3 drafters here, not {type(head).__name__} (EAGLE-1 or Medusa); "
-            "use --engine vllm (or sglang for EAGLE-1)"
-        )
+    _check_speculators_holds(head, engine)
     if isinstance(head, EagleHead) and head.version == 1:
         config, tensors = _eagle1_checkpoint(head, target, engine)
     elif isinstance(head, EagleHead):
@@ -209,7 +206,7 @@ def _eagle1_checkpoint(
         tensors["fc.bias"] = head.fc.weight.new_zeros(head.fc.out_features)
     architecture = SGLANG_EAGLE1_ARCHITECTURE if engine == "sglang" else "LlamaForCausalLM"
     config = _llama_draft_config(head, target, [architecture])
-    config["specheads"] = {"head_type": "eagle", "version": 1, "layer_ids": list(head.layer_ids)}
+    config["specheads"] = specheads_record(head, version=1, layer_ids=list(head.layer_ids))
     _check_runs_as_llama(head, tensors, "layers.0.", expected, config)
     return config, tensors
 
@@ -260,7 +257,7 @@ def _eagle3_config(head: EagleHead, target: PreTrainedModel, engine: str) -> dic
         "use_aux_hidden_state": True,
         "eagle_aux_hidden_state_layer_ids": [i - 1 for i in layer_ids],
     }
-    config["specheads"] = {"head_type": "eagle", "version": 3, "layer_ids": layer_ids}
+    config["specheads"] = specheads_record(head, version=3, layer_ids=layer_ids)
     return config
 
 
@@ -290,6 +287,23 @@ def _llama_draft_config(head: EagleHead, target: PreTrainedModel, architectures:
     return config
 
 
+def specheads_record(head: DraftHead, **fields: Any) -> dict[str, Any]:
+    """What an export records of the head it came from, under ``specheads`` in its ``config.json``: the head's type,
+    ``fields``, and the target by the name specheads loads it with (``specheads push`` names the target from it)."""
+    return {"head_type": head.head_type, **fields, "target": {"name_or_path": head.config.target.name_or_path}}
+
+
+def _check_speculators_holds(head: DraftHead, engine: str) -> None:
+    """The speculators format is written for EAGLE-3 drafters only; anything else is refused with the engines that
+    serve it (vLLM would otherwise serve a draft model's folder as the main model, with no speculation)."""
+    if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleHead) and head.version == 3):
+        fix = "vllm" if isinstance(head, MedusaHeads) else "vllm or sglang"
+        raise ExportError(
+            f"the speculators format holds EAGLE-3 drafters here, not {type(head).__name__}"
+            f"{' (EAGLE-1)' if isinstance(head, EagleHead) else ''}; use --engine {fix}"
+        )
+
+
 def _medusa_checkpoint(head: MedusaHeads) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     check_reads_last_hidden_state(head)
     record = head.config.target
@@ -315,7 +329,7 @@ def _medusa_checkpoint(head: MedusaHeads) -> tuple[dict[str, Any], dict[str, tor
         "medusa_fc_bias": True,
         "original_lm_head": shared,
         "base_model_name_or_path": base_model_id(record.name_or_path) or record.name_or_path,
-        "specheads": {"head_type": "medusa", "layer_ids": list(head.layer_ids)},
+        "specheads": specheads_record(head, layer_ids=list(head.layer_ids)),
     }
     return config, tensors
 
@@ -325,6 +339,8 @@ def _export_draft_model(
 ) -> list[str]:
     model = head.model if dtype is None else copy.deepcopy(head.model).to(dtype)  # the caller's head stays as it is
     model.save_pretrained(out)
+    config = json.loads((out / CONFIG_NAME).read_text())  # the engines ignore keys they do not know
+    (out / CONFIG_NAME).write_text(json.dumps({**config, "specheads": specheads_record(head)}, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return sorted(p.name for p in out.iterdir())

@@ -22,6 +22,7 @@ from specheads.heads.draft_model import DraftModel
 from specheads.heads.eagle import EagleHead
 from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint, load_eagle3_checkpoint
 from specheads.heads.eagle_config import check_vocab_maps
+from specheads.heads.files import safetensors_header
 from specheads.heads.medusa import MedusaHeads
 
 HEADS: dict[str, type[DraftHead]] = {
@@ -109,6 +110,15 @@ def head_type_of(folder: Path) -> str:
 def read_head_config(folder: Path) -> dict[str, Any]:
     path = folder / CONFIG_NAME
     return _checked_head_config(_read_json(path), path)
+
+
+def recorded_target_name(folder: Path) -> str:
+    """The target a saved head's ``config.json`` records (empty for a head built in code without a name)."""
+    meta = read_head_config(folder)
+    target = meta["config"].get("target") if isinstance(meta["config"], dict) else None
+    if not isinstance(target, dict):
+        raise HeadLoadError(f"{folder / CONFIG_NAME} records no target (config.target); pass --target")
+    return str(target.get("name_or_path") or "")
 
 
 def _checked_head_config(meta: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -224,19 +234,6 @@ def _load_weights_strict(head: DraftHead, path: Path) -> None:
         raise HeadLoadError(f"{path} could not be read ({err}); the file is corrupt or truncated") from err
     if isinstance(head, EagleHead) and head.version == 3:  # EAGLE-1 drafts over the whole vocabulary
         check_vocab_maps(path, head.d2t, head.t2d.numel(), head.t2d)
-
-
-def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Each tensor's shape and dtype code in a safetensors file, read from its header alone; a missing or unreadable
-    file is a ``HeadLoadError``."""
-    if not path.is_file():
-        raise HeadLoadError(f"{path.parent} has no {path.name}; expected a folder written by head.save_pretrained()")
-    try:
-        with safetensors.safe_open(str(path), framework="pt") as handle:
-            slices = {name: handle.get_slice(name) for name in handle.keys()}
-            return {name: (tuple(piece.get_shape()), piece.get_dtype()) for name, piece in slices.items()}
-    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
-        raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err
 
 
 def _kind(dtype: torch.dtype) -> str:

@@ -6,6 +6,8 @@ is instead, with a card holding the Hub metadata, the serve command and, from ``
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import shutil
 import sys
@@ -18,15 +20,22 @@ from huggingface_hub.utils import validate_repo_id
 from specheads.heads.config import HeadConfigError
 from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint
 from specheads.heads.export_cli import checkpoint_target, export_main, recorded_engine
-from specheads.heads.files import CARD_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME
+from specheads.heads.files import CARD_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, safetensors_header
 from specheads.heads.hub import HubError, files_to_upload, push_folder
 from specheads.heads.interop import ENGINES, SGLANG_EAGLE1_ARCHITECTURE
-from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, required_adapter, safetensors_header
+from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, recorded_target_name, required_adapter
 from specheads.heads.serving_card import exported_method, write_serving_card
 from specheads.heads.speculators_format import SPECULATORS_ENGINE, is_speculators_checkpoint
 
 SHARED_LAYOUT_ENGINES = ("vllm", "sglang")
 """The engines that read the same EAGLE-3 and draft-model folders (``specheads.heads.interop``)."""
+ENGINES_FOR = {
+    "eagle3": ENGINES,
+    "eagle": SHARED_LAYOUT_ENGINES,
+    "medusa": ("vllm",),
+    "draft_model": SHARED_LAYOUT_ENGINES,
+}
+"""The engines ``specheads export`` writes each kind of drafter for (``exported_method``'s names)."""
 
 
 def push_main(argv: list[str] | None = None) -> int:
@@ -98,12 +107,13 @@ def _folder_to_push(args: argparse.Namespace, stage: Path) -> tuple[Path, str | 
             raise ValueError("--bench-results goes on an engine's card: add --format vllm|sglang|speculators")
         _check_head_folder(folder)
         return folder, None
-    meta = json.loads((folder / CONFIG_NAME).read_text())
     if engines:  # an export folder: pushed in its own format (or another engine's that reads it), with a card
+        meta = json.loads((folder / CONFIG_NAME).read_text())
         if args.format not in (None, "specheads", *engines):
+            again = f", or export the head again with --engine {args.format}"
             raise ValueError(
                 f"{folder} is a {engines[0]} export; push it without --format ({args.format} does not read that "
-                f"layout), or export the head again with --engine {args.format}"
+                f"layout){again if args.format in ENGINES_FOR[exported_method(meta)[0]] else ''}"
             )
         engine = args.format if args.format in engines else engines[0]
         target_name = args.target or _exported_target(meta)
@@ -112,9 +122,11 @@ def _folder_to_push(args: argparse.Namespace, stage: Path) -> tuple[Path, str | 
     else:
         _check_head_folder(folder)
         engine, out = args.format, stage / "repo"
-        target_name = args.target or read_head_config(folder)["config"]["target"]["name_or_path"]
+        target_name = args.target or recorded_target_name(folder)
         export_argv = [str(folder), str(out), "--engine", engine, *(["--target", args.target] if args.target else [])]
-        if export_main(export_argv) != 0:
+        with contextlib.redirect_stdout(io.StringIO()):  # its "wrote OUT" names a folder deleted after the push
+            exported = export_main(export_argv)
+        if exported != 0:
             raise ValueError(f"could not export {folder} for {engine} (the reason is above)")
         head_card = (folder / CARD_NAME).read_text() if (folder / CARD_NAME).is_file() else None
     write_serving_card(out, engine, target_name, args.repo_id, args.bench_results, head_card)
@@ -145,7 +157,10 @@ def exported_engines(folder: Path) -> tuple[str, ...]:
 
 
 def _exported_target(meta: dict) -> str:
-    name = checkpoint_target(meta) or meta.get("_name_or_path")
+    """The target an export was made against: as specheads named it (a built-in name keeps its license and weights
+    note on the card), else as the engines' config names it."""
+    recorded = ((meta.get("specheads") or {}).get("target") or {}).get("name_or_path")
+    name = recorded or checkpoint_target(meta)  # a draft model's own _name_or_path is not its target
     if not name:
         raise ValueError("the export does not name its target: pass --target")
     return str(name)

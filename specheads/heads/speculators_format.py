@@ -115,6 +115,12 @@ def as_engine_checkpoint(
     ``speculators_checkpoint``), so that one loader reads both; other configs pass through unchanged."""
     if not is_speculators_checkpoint(meta):
         return meta, tensors
+    missing = [key for key in ("transformer_layer_config", "draft_vocab_size") if key not in meta]
+    if missing:
+        raise HeadLoadError(
+            f"this speculators config.json has no {', '.join(missing)}, which every speculators EAGLE-3 config has: "
+            "the folder is incomplete, or written by another tool; export it again"
+        )
     variants = {key: meta.get(key, absent) for key, absent in _VLLM_ABSENT_VARIANT.items()}
     if meta["speculators_model_type"] != "eagle3" or variants != _SPECHEADS_VARIANT:
         raise HeadLoadError(

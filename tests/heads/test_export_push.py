@@ -40,7 +40,7 @@ def test_push_of_an_sglang_export_is_pushed_for_sglang(local, tmp_path, fake_hub
     algorithm = {"eagle3": "EAGLE3", "draft": "STANDALONE"}[head]
     for engine in ("sglang", "vllm"):
         assert main(["export", str(local.root / head), str(tmp_path / engine), "--engine", engine]) == 0
-    target = ["--target", "me/llama"]  # a draft model's folder does not name its target
+    target = ["--target", "me/llama"]  # given, it names the target instead of the one the export records
     assert main(["push", str(tmp_path / "sglang"), "me/x", "--format", "sglang", *target]) == 0
     assert f"--speculative-algorithm {algorithm}" in _card(fake_hub).text
     assert main(["push", str(tmp_path / "sglang"), "me/x", *target]) == 0  # the engine it was exported for
@@ -59,6 +59,11 @@ def test_push_refuses_an_engine_that_does_not_read_the_export(local, tmp_path, c
     assert main(["push", str(tmp_path / "medusa"), "me/x", "--format", "sglang", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is a vllm export; push it without --format (sglang does not read" in err
+    assert "export the head again" not in err  # SGLang serves no Medusa heads: that advice was refused in turn
+    assert main(["export", str(local.root / "eagle3"), str(tmp_path / "eagle3")]) == 0
+    capsys.readouterr()
+    assert main(["push", str(tmp_path / "eagle3"), "me/x", "--format", "speculators", "--dry-run"]) == 2
+    assert "layout), or export the head again with --engine speculators" in capsys.readouterr().err
 
 
 def test_export_of_an_imported_eagle3_checkpoint_takes_the_target_it_names(local, tmp_path, capsys):
@@ -89,9 +94,10 @@ def test_export_of_an_imported_eagle3_checkpoint_takes_the_target_it_names(local
     "head, argv",
     [("eagle3", []), ("draft", []), ("eagle3", ["--format", "speculators"]), ("draft", ["--format", "sglang"])],
 )
-def test_push_publishes_a_local_target_by_the_name_the_card_uses(local, fake_hub, head, argv):
+def test_push_publishes_a_local_target_by_the_name_the_card_uses(local, fake_hub, capsys, head, argv):
     """The head's config.json (its target record, a draft model's own config) and the exported configs (the engines'
-    base model, speculators' verifier) reached the Hub with the user's absolute path; the local files keep it."""
+    base model, speculators' verifier, the export's specheads record) reached the Hub with the user's absolute path;
+    the local files keep it. ``--format`` printed export's "wrote" line and serve command for its temporary folder."""
     before = (local.root / head / "config.json").read_bytes()
     assert main(["push", str(local.root / head), "me/x", *argv]) == 0
     leaked = [name for name, content in fake_hub.uploaded.items() if str(local.root).encode() in content]
@@ -101,9 +107,11 @@ def test_push_publishes_a_local_target_by_the_name_the_card_uses(local, fake_hub
         (config.get("config") or {}).get("target", {}).get("name_or_path"),
         config.get("base_model_name_or_path"),
         ((config.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path"),
+        ((config.get("specheads") or {}).get("target") or {}).get("name_or_path"),
     ]
-    assert "llama-local" in named or head == "draft" and argv  # a draft model's export names no target
+    assert "llama-local" in named
     assert "llama-local" in _card(fake_hub).text
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith(("wrote", "vllm serve"))]
     assert (local.root / head / "config.json").read_bytes() == before
 
 
@@ -147,3 +155,33 @@ def test_a_card_for_an_eagle3_checkpoint_exported_elsewhere_serves_it_as_eagle3(
 
     assert exported_method({"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 32}) == ("eagle3", 3)
     assert exported_method({"architectures": ["LlamaForCausalLM"]}) == ("draft_model", 4)
+
+
+def test_pushing_an_export_names_the_target_it_was_exported_against(local, tmp_path, fake_hub):
+    """An export of the built-in target named it by its Hub id alone, so its pushed card lost the target's license
+    and the note on which weights the head was trained with; a draft model's export named no target at all."""
+    assert main(["export", str(local.root / "draft"), str(tmp_path / "draft")]) == 0
+    assert main(["push", str(tmp_path / "draft"), "me/x"]) == 0  # no --target: the export records it
+    assert "vllm serve llama-local --speculative-config" in _card(fake_hub).text
+    assert main(["export", str(local.root / "eagle3"), str(tmp_path / "eagle3")]) == 0
+    config = tmp_path / "eagle3" / "config.json"
+    meta = json.loads(config.read_text())
+    assert meta["specheads"]["target"] == {"name_or_path": str(local.path)}
+    meta["specheads"]["target"]["name_or_path"] = "smollm2-135m-instruct"  # as an export of the built-in target
+    meta["base_model_name_or_path"] = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    config.write_text(json.dumps(meta))
+    assert main(["push", str(tmp_path / "eagle3"), "me/x"]) == 0
+    card = _card(fake_hub)
+    assert card.data.license == "apache-2.0" and card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "This head was trained on" in card.text and "vllm serve HuggingFaceTB/SmolLM2-135M-Instruct" in card.text
+
+
+def test_push_format_of_a_head_with_a_corrupt_config_names_the_file(local, tmp_path, capsys):
+    """``--format`` read config.json before checking the folder: the error was json's "Expecting value" alone."""
+    folder = tmp_path / "head"
+    folder.mkdir()
+    (folder / "config.json").write_text("{")
+    (folder / "model.safetensors").write_bytes((local.root / "eagle3" / "model.safetensors").read_bytes())
+    assert main(["push", str(folder), "me/x", "--format", "vllm", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specheads push: ") and f"{folder / 'config.json'} is not valid JSON" in err

@@ -100,3 +100,23 @@ def test_a_16bit_checkpoint_shipping_the_fp32_targets_embedding_in_its_dtype_loa
     safetensors.torch.save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(HeadLoadError, match="ships an embedding that differs from the target's"):
         load_head(tmp_path, target)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "speculators"])
+def test_a_truncated_engine_checkpoint_is_refused_with_what_is_wrong(tmp_path, engine):
+    """A cut-off model.safetensors in an engine's folder was safetensors' own traceback, not a HeadLoadError."""
+    _, target = _exported(tmp_path, engine)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    with pytest.raises(HeadLoadError, match="is not a readable safetensors file .* corrupt or truncated"):
+        load_head(tmp_path, target)
+
+
+def test_a_speculators_config_without_its_layer_config_is_refused_by_name(tmp_path):
+    """A speculators config.json lacking transformer_layer_config was a bare KeyError ('transformer_layer_config')."""
+    _, target = _exported(tmp_path, "speculators")
+    meta = json.loads((tmp_path / "config.json").read_text())
+    del meta["transformer_layer_config"]
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(HeadLoadError, match="has no transformer_layer_config, which every speculators EAGLE-3"):
+        load_head(tmp_path, target)

@@ -544,9 +544,12 @@ def test_speculators_export_names_its_verifier_and_loads_back(tmp_path, draft_vo
     loaded = load_head(tmp_path, target)
     ids = torch.randint(0, 128, (1, 7), generator=torch.Generator().manual_seed(4))
     torch.testing.assert_close(_head_logits(loaded, target, ids), _head_logits(head, target, ids))
-    for other in (_eagle1_head(target, fc_bias=False), MedusaHeads(MedusaConfig(num_heads=2), target)):
-        with pytest.raises(ExportError, match="speculators format holds EAGLE-3 drafters"):
+    # a draft model's folder was written under the speculators label: vLLM would serve the draft as the main model
+    others = (_eagle1_head(target, fc_bias=False), MedusaHeads(MedusaConfig(num_heads=2), target))
+    for other, fix in zip((*others, DraftModel.from_target(target, 1)), ("vllm or sglang", "vllm", "vllm or sglang")):
+        with pytest.raises(ExportError, match=f"speculators format holds EAGLE-3 drafters.*; use --engine {fix}$"):
             export_head(other, target, tmp_path / "other", engine="speculators")
+        assert not (tmp_path / "other").exists()
 
 
 def test_an_eagle3_export_for_a_family_the_engine_does_not_serve_warns_with_the_reason(tmp_path):
