@@ -40,12 +40,14 @@ def check_calibration_source(
     settings: BenchSettings, held_out: list[Question], measured: int, questions_path: Path
 ) -> None:
     """``--tree auto`` with nothing to calibrate on fails before the target loads, not with a tree chosen from no
-    data (recorded as ``question_ids: []`` and cached for ``specheads generate``)."""
+    data (recorded as ``question_ids: []`` and cached for ``specheads generate``); so does a missing
+    ``--calibration-data`` file, even where held-out questions leave it unread."""
+    data = calibration_data_file(settings)
     if not any(tree == "auto" for tree in settings.trees or ["auto"]) or not settings.heads:
         return
     if settings.calibration_prompts < 1:
         raise ValueError(f"--tree auto calibrates on --calibration-prompts N >= 1, got {settings.calibration_prompts}")
-    if held_out or calibration_data_file(settings) is not None:
+    if held_out or data is not None:
         return
     raise ValueError(
         f"--tree auto calibrates each head on questions that are not measured, and {questions_path} has none left "

@@ -23,7 +23,7 @@ from specheads.bench.calibration import (
     check_calibration_source,
     render_prompt,
 )
-from specheads.bench.lineup import build_methods, trees_per_head
+from specheads.bench.lineup import build_methods, refuse_adapted_head, trees_per_head
 from specheads.bench.questions import held_out_questions, load_questions, select_per_category
 from specheads.bench.report import (
     OVERALL,
@@ -36,7 +36,7 @@ from specheads.bench.report import (
 from specheads.bench.runner import BenchmarkInterrupted, mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
 from specheads.decoding.cli import resolve_head_argument
-from specheads.decoding.head_drafter import check_tree_setting
+from specheads.decoding.head_drafter import check_head_tree
 from specheads.decoding.tuning.auto_tree import (
     parse_solo_length,
 )
@@ -44,7 +44,6 @@ from specheads.decoding.tuning.cpu_attention import applies_to as gqa_applies_to
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.config import HeadLoadError
 from specheads.heads.hub import HubError
-from specheads.heads.load import head_type_of
 from specheads.shipped_data import find_default_questions
 from specheads.target import TargetLoadError, resolve_device_dtype
 
@@ -182,9 +181,10 @@ def run_bench(
     if settings.assistant:
         resolve_head_argument(settings.assistant, "--assistant")
     for head, tree in zip(settings.heads, trees_per_head(settings)):  # every head's tree, before the first calibrates
-        head_type = head_type_of(resolve_head_argument(head, "--head"))
+        head_dir = resolve_head_argument(head, "--head")
+        refuse_adapted_head(head, head_dir)
         try:
-            check_tree_setting(head_type, tree)
+            check_head_tree(head_dir, tree)
         except ValueError as error:
             raise ValueError(f"--head {head}: --tree {error}") from None
     questions = select_per_category(every_question, settings.per_category, settings.categories)

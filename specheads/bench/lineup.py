@@ -25,6 +25,7 @@ from specheads.decoding.tuning.auto_tree import (
     remember_tree,
     with_lookup_branch,
 )
+from specheads.heads.base import LORA_DIR
 from specheads.target import cache_root
 
 
@@ -138,14 +139,10 @@ def _head_methods(
     """One head's methods: its tree, and with ``--backoff``, ``--lookup-branch`` and ``--lookup-solo`` those
     variants. An ``auto`` tree is chosen on the calibration prompts and cached for ``specheads generate --tree
     auto``."""
-    from specheads.heads import LORA_DIR, load_head, resolve_head_folder
+    from specheads.heads import load_head, resolve_head_folder
 
     head_dir = resolve_head_folder(head_arg)  # a Hub id is fetched once; everything below reads this folder
-    if (head_dir / LORA_DIR).is_dir():
-        raise ValueError(
-            f"{head_arg} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
-            "not comparable to the plain target's. Merge the adapter into a target copy and pass it as --target."
-        )
+    refuse_adapted_head(head_arg, head_dir)
     head = load_head(head_dir, target).to(target.device).eval()
     acceptance = "greedy" if settings.temperature == 0 else "speculative"
     if tree == "auto":
@@ -191,6 +188,16 @@ def _head_methods(
     if tree == "auto":  # what generate --tree auto [--lookup-solo auto] reuses on this device
         _remember_auto_tree(spec, head_dir, target, calibration_source, priced)
     return methods
+
+
+def refuse_adapted_head(head_arg: str, head_dir: Path) -> None:
+    """A Medusa-2 head (a ``lora/`` folder beside it) is not benchmarked: ``bench`` checks it before the target
+    loads, ``build_methods`` again for callers that skip that."""
+    if (head_dir / LORA_DIR).is_dir():
+        raise ValueError(
+            f"{head_arg} is a Medusa-2 head with a LoRA adapter: it decodes an adapted target, so its outputs are "
+            "not comparable to the plain target's. Merge the adapter into a target copy and pass it as --target."
+        )
 
 
 def _remember_auto_tree(

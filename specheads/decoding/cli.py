@@ -15,6 +15,7 @@ No ``--head`` = plain decoding; ``--prompt-lookup`` = the training-free n-gram d
 
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -24,9 +25,10 @@ from typing import Any
 import torch
 from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerBase
 
+from specheads.arg_types import non_negative_float, non_negative_int, positive_int, probability
 from specheads.decoding.eagle_draft import DrafterWindow, with_drafter_window
 from specheads.decoding.generator import ACCEPTANCE_RULES, Kernels, SpeculativeGenerator
-from specheads.decoding.head_drafter import check_tree_setting
+from specheads.decoding.head_drafter import check_head_tree
 from specheads.decoding.prompt_lookup_drafter import PromptLookupDrafter
 from specheads.decoding.tuning.auto_tree import (
     DrafterSpec,
@@ -40,9 +42,17 @@ from specheads.decoding.tuning.cpu_kernels import CpuKernels
 from specheads.heads.base import CONFIG_NAME
 from specheads.heads.config import HeadConfigError, HeadLoadError
 from specheads.heads.hub import HubError
-from specheads.heads.load import head_type_of, refuse_checkpoint_as_head, required_adapter, resolve_head_folder
+from specheads.heads.load import refuse_checkpoint_as_head, required_adapter, resolve_head_folder
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+NUMBER_CHECKS = {  # bench's argparse types: a number out of range is a usage error before anything loads
+    "max_new_tokens": positive_int,
+    "temperature": non_negative_float,
+    "top_k": non_negative_int,  # 0 = off, as Sampling takes it
+    "top_p": probability,
+    "drafter_window": non_negative_int,  # 0 = every row
+    "drafter_sinks": non_negative_int,
+}
 
 
 @dataclass
@@ -112,6 +122,13 @@ def generate_main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:  # HfArgumentParser raises a ValueError for these; argparse's own usage error reads better
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for name, check in NUMBER_CHECKS.items():  # HfArgumentParser types a field by its annotation alone
+        value = getattr(args, name)
+        try:
+            if value is not None:
+                check(str(value))
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"argument --{name.replace('_', '-')}: {error}")
     if args.head and args.prompt_lookup:
         parser.error("--head and --prompt-lookup are exclusive: pick one drafter")
     if args.lookup_branch < 0 or (args.lookup_branch and not args.head):
@@ -133,15 +150,21 @@ def generate_main(argv: list[str] | None = None) -> int:
             )
     if args.drafter_window and not args.head:
         parser.error(f"--drafter-window {args.drafter_window} bounds an EAGLE head's cache: it needs --head")
-    if (args.tree is not None or args.recalibrate) and not args.head:
-        parser.error(f"--tree {args.tree} and --recalibrate need --head: they set how a head drafts")
+    head_only = [f"--tree {args.tree}"] if args.tree is not None else []
+    head_only += ["--recalibrate"] if args.recalibrate else []
+    if head_only and not args.head:  # name only the options given
+        plural = len(head_only) > 1
+        what = f"{' and '.join(head_only)} need{'' if plural else 's'} --head DIR"
+        parser.error(f"{what}: {'they set' if plural else 'it sets'} how a head drafts")
     if args.acceptance == "greedy" and args.temperature > 0:
         parser.error(
             f"--acceptance greedy keeps the target's argmax: it needs --temperature 0 (got {args.temperature}); "
             "to sample, use --acceptance speculative (lossless)"
         )
     if args.recalibrate and args.tree != "auto":
-        parser.error(f"--recalibrate re-measures the auto tree: it needs --tree auto, got --tree {args.tree}")
+        parser.error(
+            f"--recalibrate re-measures the auto tree: it needs --tree auto, got --tree {args.tree or '(default)'}"
+        )
     if args.dtype not in DTYPES:
         parser.error(f"--dtype: expected one of {DTYPES}, got {args.dtype!r}")
     from specheads.target import TargetLoadError
@@ -178,7 +201,7 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
     head_dir = resolve_head_argument(args.head) if args.head else None  # before the target: a wrong one fails fast
     if head_dir is not None and args.tree is not None:
         try:
-            check_tree_setting(head_type_of(head_dir), args.tree)
+            check_head_tree(head_dir, args.tree)
         except ValueError as error:
             parser.error(f"--tree: {error}")
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
@@ -188,7 +211,12 @@ def _generate(args: GenerateArgs, parser: HfArgumentParser) -> int:
         spec = DrafterSpec(PromptLookupDrafter(), "default")
     elif head_dir is not None:
         target, spec, adapted = _head_drafter(args, parser, head_dir, target, tokenizer, kernels)
-    if args.drafter_window and spec.drafter is not None:
+    if args.drafter_window and spec.auto is not None and not spec.auto.num_nodes:  # no head drafts: bench notes it too
+        _stderr(
+            f"note: --drafter-window {args.drafter_window} is not applied: the auto tree for {args.head} is plain "
+            "decoding, with no EAGLE drafter to bound"
+        )
+    elif args.drafter_window and spec.drafter is not None:
         try:
             spec.drafter = with_drafter_window(spec.drafter, DrafterWindow(args.drafter_sinks, args.drafter_window))
         except ValueError as error:

@@ -18,6 +18,10 @@ from specheads.decoding.draft_model_drafter import DraftModelDrafter
 from specheads.decoding.eagle_draft import EagleTreeDrafter
 from specheads.decoding.medusa_drafter import MedusaDrafter
 from specheads.decoding.tree import TREE_FILE_KEY, DynamicTreeConfig, StaticTree, chain_tree, load_tree, static_tree
+from specheads.heads.base import CONFIG_NAME
+from specheads.heads.config import HeadConfigError, HeadLoadError
+from specheads.heads.load import head_type_of, read_head_config
+from specheads.heads.medusa import MedusaConfig
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -82,6 +86,26 @@ def check_tree_setting(head_type: str, tree: str | None) -> None:
         raise ValueError(f"a draft model drafts an adaptive chain: use --tree chain:D or no --tree; got {tree!r}")
     if head_type not in ("eagle", "medusa", "draft_model"):
         raise ValueError(f"unknown head type {head_type!r}")
+
+
+def check_head_tree(folder: Path, tree: str | None) -> None:
+    """``check_tree_setting`` for a saved head, read from its config.json alone (before a target loads): also a
+    Medusa tree deeper than the head set's heads, which ``MedusaDrafter`` would refuse only once the head loaded."""
+    head_type = head_type_of(folder)
+    check_tree_setting(head_type, tree)
+    if head_type != "medusa" or tree is None or tree in ("auto", "chain"):  # these fit any head count
+        return
+    try:
+        num_heads = MedusaConfig.from_saved(read_head_config(folder)["config"]).num_heads
+    except HeadConfigError as error:  # the head's config.json is wrong, not --tree: say so, naming the file
+        raise HeadLoadError(f"{folder / CONFIG_NAME}: {error}") from None
+    chain = tree.startswith("chain:")
+    depth = _positive_ints(tree, "chain:D", 1)[0] if chain else load_tree(_tree_file(tree)).max_depth
+    if depth > num_heads:  # MedusaDrafter's own words
+        raise ValueError(
+            f"the tree is {depth} deep but the Medusa head set has only {num_heads} heads; use a tree at most "
+            f"{num_heads} deep (e.g. chain:{num_heads}) or more heads"
+        )
 
 
 def default_medusa_tree(num_heads: int) -> StaticTree:

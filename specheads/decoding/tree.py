@@ -15,6 +15,7 @@ What a tree compiles into:
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -196,14 +197,29 @@ def chain_tree(depth: int) -> StaticTree:
 
 
 def load_tree(path: str | Path | Traversable) -> StaticTree:
-    """Load a static tree from a JSON file ``{"choices": [[0], [1], [0, 0], ...]}`` (a path, or package data)."""
-    data = json.loads((Path(path) if isinstance(path, str) else path).read_text())
-    if not isinstance(data, dict) or TREE_FILE_KEY not in data:
-        raise ValueError(f"{path}: expected a JSON object with key {TREE_FILE_KEY!r}, found {type(data).__name__}")
+    """Load a static tree from a JSON file ``{"choices": [[0], [1], [0, 0], ...]}`` (a path, or package data); a file
+    of any other shape is a ValueError that names it and the expected format."""
+    expected = f'expected a JSON object {{"{TREE_FILE_KEY}": [[0], [1], [0, 0], ...]}} (every path with its parent)'
+    try:
+        data = json.loads((Path(path) if isinstance(path, str) else path).read_text())
+    except ValueError as error:  # not JSON, or not UTF-8 text
+        raise ValueError(f"tree file {path} does not read as JSON ({error}); {expected}") from None
+    choices = data.get(TREE_FILE_KEY) if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not all(_is_path(c) for c in choices):
+        found = textwrap.shorten(json.dumps(data), 80, placeholder=" ...")  # a tree file can hold hundreds of paths
+        raise ValueError(f"tree file {path}: {expected}, found {found}")
     unknown = set(data) - {TREE_FILE_KEY, "description"}
     if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; allowed: {TREE_FILE_KEY!r}, 'description'")
-    return static_tree(data[TREE_FILE_KEY])
+        raise ValueError(f"tree file {path}: unknown keys {sorted(unknown)}; allowed: {TREE_FILE_KEY!r}, 'description'")
+    try:
+        return static_tree(choices)
+    except ValueError as error:  # a path without its parent, a negative rank, no paths
+        raise ValueError(f"tree file {path}: {error}") from None
+
+
+def _is_path(choice: object) -> bool:
+    """A Medusa path as JSON holds it: a list of whole-number ranks (``true`` is not a rank)."""
+    return isinstance(choice, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in choice)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ from specheads.bench.methods import Method, MethodRun
 from specheads.bench.questions import Question, load_questions
 from specheads.bench.runner import run_benchmark
 from specheads.bench.settings import BenchSettings
+from specheads.target import TargetLoadError
 from tests.decoding.helpers import TinyTokenizer
+from tests.tiny_models import make_tiny_llama
 
 QUESTIONS = [
     {"question_id": 1, "category": "qa", "turns": ["Name a river."]},
@@ -91,6 +93,36 @@ def test_a_later_heads_tree_is_checked_before_the_target_loads(tiny_llama, tmp_p
         run_bench(_settings(tmp_path, heads=heads, trees=["chain:2", "small10"]))
     with pytest.raises(ValueError, match=r"--head .*medusa: --tree Medusa tree 'no-such' is neither a file nor"):
         run_bench(_settings(tmp_path, heads=heads, trees=["no-such", "chain:2"]))
+
+
+def test_head_and_calibration_mistakes_are_refused_before_the_target_loads(tiny_llama, tmp_path):
+    """Each was refused only once the target had loaded: a Medusa-2 head (lora/ beside it), a Medusa tree deeper
+    than the head set, a --calibration-data typo where held-out questions remain. A missing --target shows which
+    came first: loading it would fail with a TargetLoadError, not these errors."""
+    from peft import LoraConfig, get_peft_model
+
+    from specheads.heads import MedusaConfig, MedusaHeads
+
+    def lora(folder):
+        get_peft_model(make_tiny_llama(), LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(folder)
+
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "medusa")
+    MedusaHeads(MedusaConfig(num_heads=2), tiny_llama).save_pretrained(tmp_path / "medusa2", write_adapter=lora)
+    no_target, medusa, medusa2 = (str(tmp_path / name) for name in ("no-target", "medusa", "medusa2"))
+    with pytest.raises(ValueError, match=r"medusa2 is a Medusa-2 head with a LoRA adapter: it decodes an adapted"):
+        run_bench(_settings(tmp_path, target=no_target, heads=[medusa2], trees=["chain:2"]))
+    deep = r"--head .*medusa: --tree the tree is 4 deep but the Medusa head set has only 2 heads; use a tree at most"
+    with pytest.raises(ValueError, match=deep):
+        run_bench(_settings(tmp_path, target=no_target, heads=[medusa], trees=["small10"]))
+    chats = str(tmp_path / "chats.jsonl")
+    settings = _settings(tmp_path, target=no_target, heads=[medusa], trees=["auto"], calibration_data=chats)
+    held_out = {"question_id": 3, "category": "qa", "turns": ["Name a lake."]}  # calibrates: the file goes unread
+    (tmp_path / "question.jsonl").write_text("\n".join(json.dumps(q) for q in [*QUESTIONS, held_out]) + "\n")
+    with pytest.raises(FileNotFoundError, match=r"--calibration-data .*chats.jsonl: no such file; expected JSONL"):
+        run_bench(settings)
+    (tmp_path / "chats.jsonl").write_text("")
+    with pytest.raises(TargetLoadError):  # the same settings, the file there: on to loading the target
+        run_bench(settings)
 
 
 def test_a_question_folder_is_named_as_a_folder(tmp_path):

@@ -135,7 +135,7 @@ def test_generate_auto_tree_calibrates_once_then_reuses_the_cache(smollm2, tmp_p
     assert generate_main(common) == 0
     assert capsys.readouterr().out == first.out
     for bad, message in [
-        (["--tree", "chain:2"], "--tree chain:2 and --recalibrate need --head"),
+        (["--tree", "chain:2"], "--tree chain:2 needs --head DIR"),
         (["--acceptance", "greedy", "--temperature", "0.7"], "--acceptance greedy keeps the target's argmax"),
         ([*common, "--tree", "chain:x"], "--tree: tree setting 'chain:x': expected chain:D"),
         ([*common, "--recalibrate"], "--recalibrate re-measures the auto tree: it needs --tree auto"),
@@ -201,6 +201,84 @@ def test_a_tree_the_head_cannot_draft_is_refused_before_the_target_loads(tiny_ll
         assert f"--tree: {message}" in capsys.readouterr().err
     with pytest.raises(AssertionError, match="the target was loaded"):  # a tree it drafts passes the check
         generate_main(["--head", str(tmp_path / "vllm"), "--tree", "chain:2", "--prompt", "hi"])
+
+
+def test_a_medusa_tree_deeper_than_the_heads_or_of_the_wrong_shape_is_refused_before_the_target_loads(
+    tiny_llama, tmp_path, capsys
+):
+    """``--tree small10`` (4 deep) on a 3-head Medusa set was refused once the target and head had loaded; a tree file
+    ``{"choices": [0, 1, 2]}`` was a TypeError past the check, a traceback. A missing --target shows which came
+    first: its error is returned (status 2) after the checks, where these are usage errors raised before it."""
+    MedusaHeads(MedusaConfig(num_heads=3), tiny_llama).save_pretrained(tmp_path / "medusa")
+    (tmp_path / "flat.json").write_text('{"choices": [0, 1, 2]}')
+    argv = ["--head", str(tmp_path / "medusa"), "--target", str(tmp_path / "no-target"), "--prompt", "hi"]
+    for tree, message in [
+        ("small10", "--tree: the tree is 4 deep but the Medusa head set has only 3 heads; use a tree at most 3 deep"),
+        ("chain:5", "--tree: the tree is 5 deep but the Medusa head set has only 3 heads"),
+        (
+            str(tmp_path / "flat.json"),
+            f'--tree: tree file {tmp_path / "flat.json"}: expected a JSON object {{"choices"',
+        ),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            generate_main([*argv, "--tree", tree])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert generate_main([*argv, "--tree", "chain:3"]) == 2  # a tree it drafts passes: then the missing target
+    assert "no-target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--max-new-tokens", "0", "argument --max-new-tokens: expected an integer >= 1, got 0"),
+        ("--temperature", "-1", "argument --temperature: expected a number >= 0 (0 = greedy), got -1"),
+        ("--top-p", "1.5", "argument --top-p: expected a number in (0, 1] (1 = no cut), got 1.5"),
+        ("--top-k", "-1", "argument --top-k: expected an integer >= 0, got -1"),
+        ("--drafter-window", "-5", "argument --drafter-window: expected an integer >= 0, got -5"),
+        ("--drafter-sinks", "-1", "argument --drafter-sinks: expected an integer >= 0, got -1"),
+    ],
+)
+def test_numbers_out_of_range_are_usage_errors_before_the_target_loads(tmp_path, capsys, flag, value, message):
+    """These were checked by the generator, after the target loaded (and after a --tree auto calibration); bench
+    refuses the same values as it parses them (``specheads.arg_types``)."""
+    with pytest.raises(SystemExit) as exit_info:
+        generate_main(["--prompt", "hi", "--target", str(tmp_path / "no-target"), flag, value])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_options_that_need_a_head_name_only_the_ones_given(capsys):
+    """``--tree chain:3`` alone said "--tree chain:3 and --recalibrate need --head"; ``--recalibrate`` alone said
+    "--tree None ..."."""
+    for argv, message in [
+        (["--tree", "chain:3"], "error: --tree chain:3 needs --head DIR: it sets how a head drafts\n"),
+        (["--recalibrate"], "error: --recalibrate needs --head DIR: it sets how a head drafts\n"),
+        (["--tree", "auto", "--recalibrate"], "error: --tree auto and --recalibrate need --head DIR: they set how"),
+        (["--head", "h", "--recalibrate"], "it needs --tree auto, got --tree (default)\n"),
+    ]:
+        with pytest.raises(SystemExit):
+            generate_main(["--prompt", "hi", *argv])
+        assert message in capsys.readouterr().err
+
+
+def test_a_drafter_window_on_an_auto_tree_that_chose_plain_decoding_is_a_note(tmp_path, capsys, monkeypatch):
+    """``--head EAGLE --tree auto --lookup-branch N --drafter-window W`` where the auto tree is plain decoding: the
+    lookup chain drafts alone, and the window was refused with "got PromptLookupDrafter: use an EAGLE head"."""
+    from specheads.decoding.tuning.auto_tree import auto_tree_cache_path, remember_tree
+    from specheads.decoding.tuning.cost_model import TreeChoice
+    from specheads.target import load_target
+    from tests.tiny_models import save_tiny_target
+
+    target, _ = load_target(str(save_tiny_target(tmp_path / "target")))
+    EagleHead(EagleConfig(version=1), target).save_pretrained(tmp_path / "eagle")
+    monkeypatch.setenv("SPECHEADS_CACHE", str(tmp_path / "cache"))
+    plain = TreeChoice(choices=[], expected_tau=1.0, step_seconds=0.01)  # what a calibration where no guess pays keeps
+    assert remember_tree(auto_tree_cache_path(tmp_path / "cache", tmp_path / "eagle", target), plain, "a test") is None
+    argv = ["--target", str(tmp_path / "target"), "--head", str(tmp_path / "eagle"), "--tree", "auto"]
+    argv += ["--lookup-branch", "2", "--drafter-window", "8", "--prompt", "hi hi hi", "--max-new-tokens", "4"]
+    assert generate_main(argv) == 0
+    err = capsys.readouterr().err
+    assert "note: --drafter-window 8 is not applied: the auto tree for" in err and "with no EAGLE drafter" in err
+    assert "[PromptLookupDrafter, tree auto, cached from a test" in err and "drafter cache" not in err
 
 
 def test_a_request_the_target_cannot_take_is_a_one_line_error(tmp_path, capsys):

@@ -103,6 +103,27 @@ def test_shipped_trees_sizes():
     assert load_tree(TREES / "medusa60.json").num_nodes == 61
 
 
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ('{"choices": [0, 1, 2]}', 'found {"choices": [0, 1, 2]}'),  # ranks, not paths: was a raw TypeError
+        ('{"choices": null}', 'found {"choices": null}'),  # likewise
+        ("[[0], [1]]", "found [[0], [1]]"),
+        ('{"choices": [[0],', "does not read as JSON (Expecting value"),  # json's error named no file
+        ('{"choices": [[0], [1, 0]]}', "choice [1, 0] has no parent [1] in the tree; add the parent path"),  # likewise
+    ],
+)
+def test_a_tree_file_of_another_shape_is_a_value_error_naming_the_file_and_the_format(tmp_path, text, found):
+    """``--tree FILE``'s check before the target loads catches ValueError: a TypeError went past it as a traceback."""
+    path = tmp_path / "my-tree.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as error:
+        load_tree(path)
+    assert str(error.value).startswith(f"tree file {path}") and found in str(error.value)
+    if "parent [1]" not in found:  # a well-formed file whose paths do not make a tree: the format is not the issue
+        assert 'expected a JSON object {"choices": [[0], [1], [0, 0], ...]}' in str(error.value)
+
+
 def test_configs_trees_links_to_the_shipped_trees():
     """The tree files are package data (a wheel has them); ``configs/trees`` is a link to them, not a second copy."""
     assert (REPO / "configs" / "trees").is_symlink()

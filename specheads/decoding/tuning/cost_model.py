@@ -1,9 +1,9 @@
 """Pick a draft tree from what it costs on this device and what the drafter gets accepted (the ``auto`` tree).
 
 Verifying many tree nodes costs several decode steps on a small CPU but about one on a GPU (docs/results.md), so the
-best tree is a property of the hardware as much as of the head. We measure the target's forward cost for a few
-sizes once per (device, model, dtype), measure the drafter's acceptance per (depth, rank) on a short calibration,
-and pick the tree maximising expected tokens per second:
+best tree is a property of the hardware as much as of the head. Each calibration measures the drafter's acceptance
+per (depth, rank) on a few short generations, then times the target's forward for a few sizes at those steps' mean
+context length (``cost_curve``, not cached apart); the tree picked maximises expected tokens per second:
 
     rate(tree) = E[committed tokens per step] / (draft_cost(depth) + verify_cost(nodes) + overhead)
 
