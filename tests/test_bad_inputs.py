@@ -169,7 +169,7 @@ ROWS = [
     ("generate-dtype", [*GENERATE, "--dtype", "float8"], 2, "--dtype: expected one of"),
     ("generate-abbreviated-option", [*GENERATE, "--temp", "0"], 2, "unrecognized arguments: --temp"),
     ("generate-lookup-branch-without-head", [*GENERATE, "--lookup-branch", "2"], 2, "needs --head"),
-    ("generate-tree-without-head", [*GENERATE, "--tree", "chain"], 2, "--tree chain needs --head DIR: it sets how a head drafts"),
+    ("generate-tree-without-head", [*GENERATE, "--tree", "chain"], 2, "--tree chain needs --head DIR"),
     # bench (--target nope-model: every one of these fails before a target would load)
     ("bench-checkpoint-as-head", [*BENCH, "--questions", "{questions}", "--head", "{checkpoint}"], 2,
      "--head={checkpoint} is a training checkpoint, not a saved head"),
