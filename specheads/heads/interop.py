@@ -59,6 +59,15 @@ from specheads.heads.speculators_format import (
 )
 
 ENGINES = ("vllm", "sglang", SPECULATORS_ENGINE)
+SHARED_LAYOUT_ENGINES = ("vllm", "sglang")
+"""The engines that read the same EAGLE-3, EAGLE-1 and draft-model folders."""
+ENGINES_FOR = {
+    "eagle3": ENGINES,
+    "eagle": SHARED_LAYOUT_ENGINES,
+    "medusa": ("vllm",),
+    "draft_model": SHARED_LAYOUT_ENGINES,
+}
+"""The engines ``export_head`` writes each kind of drafter for, by vLLM's ``method`` name."""
 SGLANG_EAGLE1_ARCHITECTURE = "LlamaForCausalLMEagle"
 """SGLang's EAGLE-1 drafter for a Llama layer, the ``architectures`` name its EAGLE-1 checkpoints carry: SGLang loads
 the class a draft's config names (vLLM maps a ``LlamaForCausalLM`` draft to its EAGLE drafter itself)."""
@@ -297,7 +306,10 @@ def _check_speculators_holds(head: DraftHead, engine: str) -> None:
     """The speculators format is written for EAGLE-3 drafters only; anything else is refused with the engines that
     serve it (vLLM would otherwise serve a draft model's folder as the main model, with no speculation)."""
     if engine == SPECULATORS_ENGINE and not (isinstance(head, EagleHead) and head.version == 3):
-        fix = "vllm" if isinstance(head, MedusaHeads) else "vllm or sglang"
+        method = (
+            "medusa" if isinstance(head, MedusaHeads) else "eagle" if isinstance(head, EagleHead) else "draft_model"
+        )
+        fix = " or ".join(ENGINES_FOR[method])
         raise ExportError(
             f"the speculators format holds EAGLE-3 drafters here, not {type(head).__name__}"
             f"{' (EAGLE-1)' if isinstance(head, EagleHead) else ''}; use --engine {fix}"

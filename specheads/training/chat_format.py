@@ -105,6 +105,12 @@ def first_question(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     return [] if first_user is None else [m for m in messages[: first_user + 1] if m["role"] != "assistant"]
 
 
+def from_first_question(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The conversation less the answers before its first user turn (system turns kept), or [] without one."""
+    first_user = _first_user_turn(messages)
+    return [] if first_user is None else first_question(messages) + messages[first_user + 1 :]
+
+
 def later_questions(messages: list[dict[str, str]]) -> list[str]:
     """The user turns after the first one, in order: what a multi-turn regeneration asks after its first answer."""
     first_user = _first_user_turn(messages)

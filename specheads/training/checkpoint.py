@@ -106,10 +106,10 @@ def save_checkpoint(
         files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
         state = {"step": step, "data_digest": data_digest, "num_processes": accelerator.num_processes, "files": files}
         _write_json_durably(tmp / STATE_FILE, state)
-        if final.exists():
+        set_aside_later_checkpoints(root, step - 1)  # this step's own earlier save too: kept, not deleted
+        if final.exists():  # left with no readable state (a copy cut short): nothing in it resumes
             shutil.rmtree(final)
         os.replace(tmp, final)
-        set_aside_later_checkpoints(root, step)
         _fsync_dir(root)
         prune_checkpoints(root, keep_last)
     accelerator.wait_for_everyone()
@@ -131,8 +131,14 @@ def completed_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: read_step(p))
+    steps = {}
+    for path in root.iterdir():
+        if path.name.startswith(PREFIX) and (path / STATE_FILE).is_file():
+            try:
+                steps[path] = read_step(path)
+            except ConfigError as err:  # the others still resume; a save of this step replaces it
+                logger.warning("%s; skipped", err)
+    return sorted(steps, key=steps.__getitem__)
 
 
 def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
@@ -147,7 +153,13 @@ def read_step(checkpoint: str | os.PathLike) -> int:
             f"{checkpoint} is not a complete checkpoint (no {STATE_FILE}); expected a folder "
             f"{checkpoint_root('OUTPUT_DIR')}/{PREFIX}NNNNNNNN written by a training run."
         )
-    return int(json.loads(path.read_text())["step"])
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:  # a copy cut short, or edited
+        raise ConfigError(
+            f"{path} is damaged ({type(err).__name__}: {err}); expected the JSON state a training run writes: resume "
+            "from another checkpoint (train.resume=auto takes the newest readable one)"
+        ) from None
 
 
 def load_checkpoint(accelerator: Accelerator, checkpoint: str | os.PathLike, model: torch.nn.Module) -> None:

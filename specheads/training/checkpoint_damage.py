@@ -1,9 +1,10 @@
 """Damaged checkpoints: which files of a checkpoint do not read back whole, and what a resume does about it.
 
 A checkpoint folder is renamed into place only once complete (``checkpoint.save_checkpoint``), so damage comes later:
-a disk that filled, a copy cut short, a bit flipped. A resume names the damaged file and falls back to the newest
+a disk that filled, a copy cut short, a file removed. A resume names the damaged file and falls back to the newest
 checkpoint whose weights, optimizer and schedule read back; damaged random or sampler state only costs exactness,
-which the run says in a warning.
+which the run says in a warning. Sizes are checked against the record of what was written and torch's zip files
+against their CRCs; a bit flipped inside a safetensors tensor keeps its size and header, and is not detected.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
     try:
         recorded = json.loads((checkpoint / CHECKPOINT_STATE_NAME).read_text()).get("files") or {}
     except (OSError, ValueError):
-        return {}  # read_step names a missing or unreadable state file
+        return {}  # read_step names an unreadable state file
     found = {}
     for name, size in recorded.items():
         if fnmatch(name, "rank_state_*.json") or name == "train_config.yaml":

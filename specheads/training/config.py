@@ -316,6 +316,9 @@ def _check_more_bounds(cfg: TrainConfig) -> None:
     betas = list(cfg.train.adam_betas)
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"train.adam_betas must be two numbers in [0, 1), e.g. [0.9, 0.95]; found {betas}.")
+    for name, seed in (("train.seed", cfg.train.seed), ("data.seed", cfg.data.seed)):
+        if not 0 <= seed < 2**32:  # numpy's seeds; a negative one failed after the target loaded
+            raise ConfigError(f"{name} must be in [0, 2**32), found {seed}.")
     if not str(cfg.train.output_dir).strip():
         raise ConfigError(
             "train.output_dir is empty: the head, its card and checkpoints would be written into the current "

@@ -38,6 +38,7 @@ from specheads.training.chat_format import (
     answer_fields,
     answer_fields_problem,
     detect_format,
+    from_first_question,
     require_file,
     to_messages,
 )
@@ -99,10 +100,9 @@ def _conversation(record: dict[str, Any], fmt: str, source: str, detected: bool,
     if not messages:
         raise DataError(f"{source}: the conversation has no turns; expected at least a user turn and an answer")
     # an answer before any question (ShareGPT records often open with one) has no prompt to be drafted from
-    opening = next((i for i, m in enumerate(messages) if m["role"] != "assistant"), len(messages))
-    messages = messages[opening:]
+    messages = from_first_question(messages)
     if not messages:
-        raise DataError(f"{source}: the conversation holds only answers; expected a user turn before an answer")
+        raise DataError(f"{source}: the conversation has no user turn; expected a user turn before an answer")
     answer_ids, finished = answer_fields(record)
     problem = answer_fields_problem(answer_ids, finished, vocab)
     if problem is not None:
@@ -175,8 +175,10 @@ def load_conversations(cfg: DataConfig, vocab_size: int | None = None) -> datase
         try:
             joined = packed_answers_dataset(Path(path))
             raw = joined if joined is not None else _read_json_records(Path(path))
-        except (OSError, EOFError) as err:  # a .gz file that is not gzip, or is cut short
-            raise DataError(f"{path}: unreadable ({err}); expected a JSON or JSONL file, gzipped or not") from None
+        except (OSError, EOFError, UnicodeDecodeError) as err:  # a .gz file that is not gzip, cut short or not text
+            raise DataError(
+                f"{path}: unreadable ({err}); expected a UTF-8 JSON or JSONL file, gzipped or not"
+            ) from None
         fmt = "messages" if joined is not None else cfg.format
         detected = fmt == "auto"
         fmt = detect_format(raw[0], path) if detected else fmt

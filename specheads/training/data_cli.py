@@ -31,9 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specheads data", description=__doc__, allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    gen = commands.add_parser("generate", help="the target answers a prompt file (JSONL with id + prompt/messages)")
+    gen = commands.add_parser(
+        "generate", help="the target answers a prompt file (JSONL with id + prompt, messages or conversations)"
+    )
     gen.add_argument("--target", default="smollm2-135m-instruct", help="built-in name, model dir or .gguf file")
-    gen.add_argument("--prompts", required=True, help="JSONL file with 'id' and 'prompt' or 'messages'")
+    gen.add_argument(
+        "--prompts", required=True, help="JSONL file with 'id' and 'prompt', 'messages' or 'conversations'"
+    )
     gen.add_argument("--out", required=True, help="output JSONL (messages format); an existing file is resumed")
     gen.add_argument("--limit", type=positive_int, default=None, help="use only the first N prompts of the file")
     gen.add_argument(
@@ -132,11 +136,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _generate(args: argparse.Namespace) -> int:
     from specheads.target import load_target
-    from specheads.training.distill import GenerationSettings, generate_dataset, read_prompts
+    from specheads.training.distill import GenerationSettings, check_output_file, generate_dataset, read_prompts
 
-    read_prompts(
-        args.prompts, args.limit, args.turns
-    )  # a missing or malformed prompt file is an error before the target loads
+    # a missing or malformed prompt file, or an --out that is not an earlier run's, is an error before the target loads
+    read_prompts(args.prompts, args.limit, args.turns)
+    check_output_file(args.out, args.prompts)
     model, tokenizer = load_target(args.target, device=args.device)
     settings = GenerationSettings(
         max_new_tokens=args.max_new_tokens,

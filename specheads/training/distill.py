@@ -82,7 +82,10 @@ def read_prompts(path: str | Path, limit: int | None = None, turns: int = 1) -> 
             out["later_questions"] = later[: turns - 1]
         records.append(out)
     if not records:
-        raise ValueError(f"{path} holds no prompt records; expected JSONL lines with 'id' and 'prompt' or 'messages'.")
+        raise ValueError(
+            f"{path} holds no prompt records; expected JSONL lines with 'id' and 'prompt', 'messages' or "
+            "'conversations'."
+        )
     if multi_turn:
         logger.warning(
             "%d of %d prompt records hold several user turns; only the first is answered (--turns N answers up to N, "
@@ -120,16 +123,18 @@ def numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of an output JSONL file (a trailing line without newline, cut by a kill, is ignored);
-    an unreadable complete line is an error naming it."""
+    """Every complete line of an output JSONL file; a last line without a newline is kept when it is a whole JSON
+    record and ignored when it is a fragment (cut by a kill). An unreadable complete line is an error naming it."""
     records = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
-            if not line.endswith("\n") or not line.strip():
+            if not line.strip():
                 continue
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
+                if not line.endswith("\n"):
+                    continue
                 raise ValueError(
                     f"{path}:{number}: not a JSON record ({err}); the file was edited or damaged: fix or delete that "
                     "line (its prompt is answered again), or write to another --out."
@@ -137,16 +142,49 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def check_output_file(out_path: str | Path, prompts_path: str | Path) -> None:
+    """Refuse an ``--out`` that is not a ``data generate`` output to resume, before anything is loaded or changed:
+    every record must carry an ``id`` and its ``messages``, and a trailing fragment must be the start of a record."""
+    out_path = Path(out_path)
+    if not out_path.exists():
+        return
+    if out_path.resolve() == Path(prompts_path).resolve():  # resuming would cut its last line
+        raise ValueError(f"--out {out_path} is the prompt file; write the answers to another file")
+    fix = "write to a new --out file (or delete this one to start over)"
+    try:
+        records = read_jsonl(out_path)
+        tail = out_path.read_bytes()
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"--out {out_path} is not a `specheads data generate` output (not UTF-8 text); {fix}"
+        ) from None
+    for number, record in enumerate(records, start=1):
+        if not (isinstance(record, dict) and "id" in record and isinstance(record.get("messages"), list)):
+            raise ValueError(
+                f"--out {out_path} is not a `specheads data generate` output (record {number} lacks 'id' or "
+                f"'messages'); {fix}"
+            )
+    fragment = tail[tail.rfind(b"\n") + 1 :].strip()
+    if fragment and not fragment.startswith(b"{"):
+        raise ValueError(f"--out {out_path} ends in a line that is not a JSON record; {fix}")
+
+
 def finished_ids(out_path: Path) -> set[str]:
-    """Ids already answered in ``out_path``; a trailing partial line is cut off so new lines append cleanly."""
+    """Ids already answered in ``out_path`` (checked by ``check_output_file``); a trailing fragment cut by a kill is
+    removed, and a whole last record missing its newline gets one, so new lines append cleanly."""
     if not out_path.exists():
         return set()
+    records = read_jsonl(out_path)
     with open(out_path, "rb+") as f:
         data = f.read()
         complete = data.rfind(b"\n") + 1
-        if complete < len(data):
-            f.truncate(complete)
-    return {str(record["id"]) for record in read_jsonl(out_path)}
+        if data[complete:].strip():
+            try:
+                json.loads(data[complete:])
+                f.write(b"\n")
+            except json.JSONDecodeError:
+                f.truncate(complete)
+    return {str(record["id"]) for record in records}
 
 
 def _seed(settings: GenerationSettings, ids: list[str]) -> int:
@@ -184,8 +222,7 @@ def generate_dataset(
     Each line records how it was generated (``generated_with``: target, token limit, sampling); resuming into a file
     written with other settings is an error rather than a silent mix."""
     out_path = Path(out_path)
-    if out_path.exists() and out_path.resolve() == Path(prompts_path).resolve():  # resuming would cut its last line
-        raise ValueError(f"--out {out_path} is the prompt file; write the answers to another file")
+    check_output_file(out_path, prompts_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     done = finished_ids(out_path)
     generated_with = _generated_with(model, settings)

@@ -27,6 +27,33 @@ DATA_RECORDED = ("paths", "format", "max_length", "max_samples", "eval_fraction"
 """``data.*`` settings that decide a cache's samples; offline training reads the samples and ignores the settings."""
 
 
+def read_cache_meta(split_dir: Path) -> dict[str, Any]:
+    """A cache split's ``meta.json`` (``CACHE/train`` or ``CACHE/eval``), refused when missing or incomplete."""
+    meta_path = split_dir / "meta.json"
+    if not meta_path.is_file():
+        hint = (
+            f" ({split_dir.parent} is a split itself: name the folder above it)"
+            if (split_dir.parent / "meta.json").is_file()
+            else ""
+        )
+        raise ConfigError(
+            f"{meta_path} not found; expected the folder `specheads data cache-features --out-dir` wrote, which "
+            f"holds train/ and eval/{hint}."
+        )
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"{meta_path} is damaged ({err}); rerun `specheads data cache-features` into a new folder"
+        ) from None
+    if not meta.get("complete"):
+        raise ConfigError(
+            f"feature cache {split_dir} is incomplete (its writer was stopped): rerun the same `specheads data "
+            "cache-features` command to finish it."
+        )
+    return meta
+
+
 def check_cache_target(dataset: CachedFeatureDataset | ConcatFeatureCache, target: PreTrainedModel) -> None:
     """A cache's features must come from the target being trained: other shapes (layer count, hidden size,
     vocabulary) are an error; the same shapes with other weights are a warning (a fine-tune, or another model of the
@@ -91,15 +118,7 @@ class CachedFeatureDataset(Dataset):
 
     def __init__(self, out_dir: str | Path, pad_token_id: int = 0) -> None:
         self.out_dir = Path(out_dir)
-        meta_path = self.out_dir / "meta.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{meta_path} not found: write the cache with `specheads data cache-features`.")
-        self.meta = json.loads(meta_path.read_text())
-        if not self.meta.get("complete"):
-            raise ConfigError(
-                f"feature cache {self.out_dir} is incomplete (its writer was stopped): rerun the same `specheads data "
-                "cache-features` command to finish it."
-            )
+        self.meta = read_cache_meta(self.out_dir)
         self.pad_token_id = pad_token_id
         self.layer_ids: list[int] = self.meta["layer_ids"]
         self.target = TargetRecord(**self.meta["target"])

@@ -225,7 +225,7 @@ def cache_features(
         for shard in range(num_shards):
             path = shard_path(out_dir, shard)
             indices = range(shard * shard_size, min((shard + 1) * shard_size, len(dataset)))
-            if path.exists():
+            if path.exists() and _shard_reads(path, len(indices)):
                 progress.update(len(indices))  # finished by an earlier run
                 continue
             samples = [dataset[j] for j in indices]
@@ -234,6 +234,8 @@ def cache_features(
             )
             tmp = path.with_suffix(".tmp")
             save_file(tensors, str(tmp), metadata={"format_version": str(CACHE_FORMAT_VERSION)})
+            with open(tmp, "rb") as written:  # on disk before the rename: a power loss leaves no empty shard
+                os.fsync(written.fileno())
             os.replace(tmp, path)
     num_tokens, num_bytes = _cache_size(out_dir, num_shards)
     bytes_per_token = num_bytes / max(num_tokens, 1)
@@ -280,6 +282,20 @@ def _check_same_settings(meta_path: Path, settings: dict[str, Any]) -> None:
             f"{meta_path.parent} holds a cache made with other settings or data ({', '.join(changed)} differ); "
             "pass a new out_dir or delete this one."
         )
+
+
+def _shard_reads(path: Path, samples: int) -> bool:
+    """Whether a shard an earlier run left reads back with its samples' offsets; one that does not is written again."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            whole = f.get_slice("offsets").get_shape() == [samples + 1]
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+        whole, why = False, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+    else:
+        why = "another number of samples"
+    if not whole:
+        logger.warning("%s does not read back whole (%s): writing it again", path, why)
+    return whole
 
 
 def _cache_size(out_dir: Path, num_shards: int) -> tuple[int, int]:

@@ -56,6 +56,7 @@ from specheads.training.launch import (
     check_world,
     cpu_processes,
     launch_device,
+    launched_world,
     process_group_kwargs,
     sync_deepspeed_config,
 )
@@ -155,6 +156,7 @@ def _prepare(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTra
     resume_from = resolve_resume(tc.resume, Path(tc.output_dir))  # before any loading: a wrong resume fails fast
     if resume_from is not None:
         check_resume_config(resume_from, to_yaml(cfg))
+        check_resume_world(resume_from, launched_world())  # the launch's process count, known before anything loads
     log_with, init_kwargs = tracker_setup(cfg, resuming=resume_from is not None)
     precision = check_before_loading(cfg)
     if target is None:  # before the Accelerator exists, so ZeRO-3 cannot build the frozen target pre-sharded
@@ -166,8 +168,6 @@ def _prepare(cfg: TrainConfig, target: PreTrainedModel | None, tokenizer: PreTra
             raise TargetLoadError(reason)
     target_was_training = target.training
     accelerator = _accelerator(cfg, precision, log_with)
-    if resume_from is not None:
-        check_resume_world(resume_from, accelerator.num_processes)
     target.to(accelerator.device)
     with accelerator.main_process_first():
         train_ds, eval_ds, merge = datasets(cfg, tokenizer)

@@ -22,6 +22,7 @@ from specheads.training.checkpoint import (
     checkpoint_root,
     completed_checkpoints,
     latest_checkpoint,
+    read_step,
 )
 from specheads.training.checkpoint_damage import needed_damage, newest_intact, warn_if_inexact
 from specheads.training.config import ConfigError, TrainConfig
@@ -109,6 +110,7 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
                 f"from a checkpoint of {output_dir}."
             )
         _refuse_overwriting_a_head(output_dir, f"train.resume={resume} continues another run's checkpoint here")
+    read_step(path)  # a state file that does not read is named here, before the target loads
     if damage := needed_damage(path):
         raise ConfigError(
             f"train.resume={resume}: {damage[0]}; expected a complete checkpoint. Resume from an earlier checkpoint "

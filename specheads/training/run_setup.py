@@ -29,6 +29,7 @@ from specheads.training.feature_cache import (
     ConcatFeatureCache,
     collate_features,
     open_feature_caches,
+    read_cache_meta,
 )
 from specheads.training.launch import has_accelerator, resolve_mixed_precision
 from specheads.training.objective import hold_adapters, parameter_groups
@@ -45,8 +46,17 @@ def check_before_loading(cfg: TrainConfig) -> str:
             "use train.mixed_precision=bf16 (CPU autocast) or no."
         )
     if cfg.features.mode == "online":  # a mistyped data path fails in seconds, not after the target loaded
+        if not cfg.data.paths:
+            raise ConfigError(
+                "data.paths is empty: set it to one or more JSON/JSONL files (or train from a feature cache with "
+                "features.mode=offline)."
+            )
         for path in cfg.data.paths:
             require_file(path, "data file")
+    else:  # a mistyped or unfinished cache, likewise
+        for root in [cfg.features.cache_dir, *cfg.features.extra_cache_dirs]:
+            for split in ("train", "eval"):
+                read_cache_meta(Path(root) / split)
     return precision
 
 

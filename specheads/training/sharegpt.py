@@ -143,9 +143,11 @@ def reference_ngrams(question_files: Iterable[Path], n: int = CONTAMINATION_NGRA
                 try:
                     turns = json.loads(line)["turns"]
                 except (json.JSONDecodeError, KeyError, TypeError):
+                    turns = None
+                if not isinstance(turns, list):
                     raise DataError(
-                        f"{path}:{number}: expected a JSON object with 'turns' (Spec-Bench's format)"
-                    ) from None
+                        f"{path}:{number}: expected a JSON object with a list of 'turns' (Spec-Bench's format)"
+                    )
                 for turn in turns:
                     grams |= word_ngrams(str(turn), n)
     return grams
@@ -171,8 +173,9 @@ class CleanReport:
 
 
 def usable_turns(turns: Any, report: CleanReport, keep_unanswered: bool = False) -> list[dict[str, str]]:
-    """The conversation's turns up to the first unusable one, from the first non-answer turn to the last answer
-    (with ``keep_unanswered``, to a last question that no answer follows: the prompt a regeneration answers)."""
+    """The conversation's turns up to the first unusable one, less answers before the first question (system turns
+    kept), to the last answer (with ``keep_unanswered``, to a last question that no answer follows: the prompt a
+    regeneration answers)."""
     kept: list[dict[str, str]] = []
     for turn in turns if isinstance(turns, list) else []:
         speaker = turn.get("from") if isinstance(turn, dict) else None
@@ -181,9 +184,10 @@ def usable_turns(turns: Any, report: CleanReport, keep_unanswered: bool = False)
             report.cut_at_bad_turn += 1
             break
         kept.append({"from": speaker, "value": value})
-    start = next((i for i, t in enumerate(kept) if SHAREGPT_ROLES[t["from"]] != "assistant"), len(kept))
-    report.leading_answers_trimmed += start > 0
-    kept = kept[start:]
+    first_question = next((i for i, t in enumerate(kept) if SHAREGPT_ROLES[t["from"]] == "user"), len(kept))
+    leading = [t for t in kept[:first_question] if SHAREGPT_ROLES[t["from"]] == "system"]
+    report.leading_answers_trimmed += len(leading) < first_question
+    kept = leading + kept[first_question:]  # an answer before any question answers nothing
     ends = ("user", "assistant") if keep_unanswered else ("assistant",)
     end = max((i + 1 for i, t in enumerate(kept) if SHAREGPT_ROLES[t["from"]] in ends), default=0)
     report.unanswered_questions_dropped += any(SHAREGPT_ROLES[t["from"]] == "user" for t in kept[end:])

@@ -127,11 +127,38 @@ def test_after_a_fallback_the_newer_checkpoint_is_set_aside_not_kept_in_place_of
     assert all(torch.equal(whole[name], again[name]) for name in whole)
 
 
-def test_a_resume_with_another_number_of_processes_is_refused(runs, tiny_target_dir, small_chat_file):
+def test_a_resume_with_another_number_of_processes_is_refused(runs, tiny_target_dir, small_chat_file, monkeypatch):
     """Before: a 2-process checkpoint resumed on 1 process read its schedule (ticked once per process per step) as
-    twice as far along, and skipped to another data position, without a word."""
+    twice as far along, and skipped to another data position, without a word. Refused before the target loads."""
+    import specheads.training.loop as loop
+
     out = _copy(runs, "other-world")
     state_file = checkpoint_root(out) / "step-00000002" / "trainer_state.json"
     state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "num_processes": 2}))
+    monkeypatch.setattr(loop, "load_target", lambda *a, **k: pytest.fail("the target loaded before the refusal"))
     with pytest.raises(ConfigError, match=r"with 1 processes, but a launch of 2 wrote it.*--num_processes 2"):
         _train(tiny_target_dir, small_chat_file, out, resume="auto")
+
+
+def test_a_state_file_that_does_not_read_is_skipped_by_auto_and_named_when_given(runs, caplog):
+    """A trainer_state.json cut short was a JSONDecodeError traceback out of every resume, `auto` included, instead
+    of a fallback to the checkpoint before it."""
+    out = _copy(runs, "damaged-state")
+    newest = checkpoint_root(out) / "step-00000002"
+    (newest / "trainer_state.json").write_text("{")
+    caplog.set_level(logging.WARNING)
+    assert resolve_resume("auto", out) == checkpoint_root(out) / "step-00000001"
+    assert any(f"{newest / 'trainer_state.json'} is damaged" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ConfigError, match=rf"{newest / 'trainer_state.json'} is damaged \(JSONDecodeError"):
+        resolve_resume(str(newest), out)
+
+
+def test_resuming_an_earlier_checkpoint_sets_the_later_one_of_the_same_step_aside(
+    runs, tiny_target_dir, small_chat_file
+):
+    """A save at a step whose checkpoint was already there deleted it, while later ones were kept aside."""
+    out = _copy(runs, "named-earlier")
+    earlier = checkpoint_root(out) / "step-00000001"
+    assert _train(tiny_target_dir, small_chat_file, out, resume=str(earlier)).finished
+    assert (checkpoint_root(out) / "abandoned-step-00000002" / "model.safetensors").is_file()
+    assert [p.name for p in completed_checkpoints(out)] == ["step-00000001", "step-00000002", "step-00000003"]

@@ -263,6 +263,8 @@ def test_override_errors_name_the_override_not_the_file(override, expected):
         ("data.max_samples=0", r"data.max_samples must be >= 1 \(or unset\), found 0"),
         ("data.max_length=-5", r"data.max_length must be >= 1 \(tokens per sample\), found -5"),
         ("data.eval_size=-1", r"data.eval_size must be >= 0 .*found -1"),
+        ("train.seed=-1", r"train.seed must be in \[0, 2\*\*32\), found -1"),
+        ("data.seed=4294967296", r"data.seed must be in \[0, 2\*\*32\), found 4294967296"),
         ("data.num_proc=0", r"data.num_proc must be >= 1 \(or unset\), found 0"),
         ("data.format=sharegtp", r"data.format='sharegtp' is not valid; expected one of \['auto', 'sharegpt'"),
         ("loss.feature_weight=-1", r"loss.feature_weight must be >= 0 \(a negative weight maximises its loss\)"),

@@ -261,7 +261,7 @@ def test_answers_before_the_first_question_are_left_out(smollm2_tokenizer, tmp_p
     (sample,) = build_datasets(cfg, smollm2_tokenizer)[0]
     assert sample["input_ids"] == tokenize_conversation(rest, smollm2_tokenizer, 256)["input_ids"]
     cfg = DataConfig(paths=[write_jsonl(tmp_path / "only.jsonl", [{"messages": [opener]}])], eval_size=0)
-    with pytest.raises(DataError, match=r"only.jsonl \(record 1\): the conversation holds only answers"):
+    with pytest.raises(DataError, match=r"only.jsonl \(record 1\): the conversation has no user turn"):
         build_datasets(cfg, smollm2_tokenizer)
 
 

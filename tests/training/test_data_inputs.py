@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
@@ -95,7 +96,7 @@ def test_gzipped_training_files_that_are_cut_or_damaged_are_one_error_naming_the
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(whole[: len(whole) // 2])
     for path in (plain, cut):
-        with pytest.raises(DataError, match=rf"{path.name}: unreadable \(.*\); expected a JSON or JSONL file"):
+        with pytest.raises(DataError, match=rf"{path.name}: unreadable \(.*\); expected a UTF-8 JSON or JSONL file"):
             load_conversations(DataConfig(paths=[str(path)]))
 
 
@@ -275,3 +276,85 @@ def test_answer_token_ids_beyond_the_vocabulary_name_the_record(smollm2_tokenize
     expected = rf"answers.jsonl.gz \(id {re.escape(repr(first))}\): answer_token_ids holds id {vocab + 7} at position 0"
     with pytest.raises(DataError, match=expected):
         build_datasets(DataConfig(paths=[str(packed)], eval_size=0), smollm2_tokenizer)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        json.dumps({"id": "a", "prompt": "x"}),  # a prompt file's last line, without a final newline
+        json.dumps({"prompt": "x"}) + "\n",
+        "notes, not answers",
+        json.dumps([1, 2]) + "\n",
+    ],
+)
+def test_an_out_file_that_is_not_an_earlier_run_is_refused_untouched_before_the_target_loads(
+    content, tmp_path, capsys, monkeypatch
+):
+    """`--out` naming another file was read as a run to resume after the target loaded: a KeyError traceback, its
+    last line cut off as a kill's fragment, or answers appended to it."""
+    import specheads.target
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before --out was checked")
+
+    monkeypatch.setattr(specheads.target, "load_target", no_load)
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "mine.jsonl"
+    prompts.write_text(json.dumps({"id": "1", "prompt": "Hi"}) + "\n", encoding="utf-8")
+    out.write_text(content, encoding="utf-8")
+    assert data_main(["generate", "--prompts", str(prompts), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} " in err and "write to a new --out file" in err and len(err.strip().splitlines()) == 1
+    assert out.read_text(encoding="utf-8") == content
+
+
+def test_a_whole_last_record_without_a_newline_counts_as_answered_and_a_fragment_does_not(tmp_path):
+    """`pack-answers` dropped a complete last record missing its newline (packed 1 of 2, silently)."""
+    from specheads.training.distill import finished_ids, read_jsonl
+
+    record = {"id": "a", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}]}
+    out = tmp_path / "out.jsonl"
+    out.write_text(json.dumps({**record, "id": "z"}) + "\n" + json.dumps(record), encoding="utf-8")
+    assert [r["id"] for r in read_jsonl(out)] == ["z", "a"]
+    assert finished_ids(out) == {"z", "a"} and out.read_text(encoding="utf-8").endswith("}\n")  # appends cleanly
+    out.write_text(json.dumps(record) + "\n" + '{"id": "b", "messages": [{"ro', encoding="utf-8")
+    assert finished_ids(out) == {"a"} and out.read_text(encoding="utf-8") == json.dumps(record) + "\n"
+
+
+def test_a_gzipped_file_that_is_not_utf8_is_one_error_naming_it(tmp_path, capsys):
+    """A UTF-16 file gzipped was a UnicodeDecodeError traceback out of `specheads train`, and `data join-answers`
+    printed the codec's message without the file."""
+    path = tmp_path / "utf16.jsonl.gz"
+    path.write_bytes(gzip.compress(json.dumps({"messages": []}).encode("utf-16")))
+    with pytest.raises(DataError, match=re.escape(str(path))):
+        load_conversations(DataConfig(paths=[str(path)]))
+    assert data_main(["join-answers", "--answers", str(path), "--out", str(tmp_path / "joined.jsonl")]) == 2
+    assert f"{path}: unreadable (" in capsys.readouterr().err
+
+
+def test_empty_data_paths_are_refused_before_the_target_loads():
+    """No data files was reported only after the target had loaded (an online run reads them after it)."""
+    from specheads.training.config import ConfigError, TrainConfig
+    from specheads.training.run_setup import check_before_loading
+
+    with pytest.raises(ConfigError, match="data.paths is empty: set it to one or more JSON/JSONL files"):
+        check_before_loading(TrainConfig())
+
+
+def test_answers_that_join_nothing_name_the_file_searched_and_the_join_for_another_source(tmp_path, monkeypatch):
+    """Answers made from a ShareGPT file of one's own could not be trained on, and the error gave no way to."""
+    import specheads.training.answers as answers
+
+    source = tmp_path / "mine.json"
+    source.write_text(json.dumps([{"id": "x", "conversations": [{"from": "human", "value": "q"}]}]), encoding="utf-8")
+    packed = tmp_path / "answers.jsonl.gz"
+    packed.write_bytes(
+        gzip.compress((json.dumps({"id": "nope", "prompt_sha256": "0" * 16, "answer": "a"}) + "\n").encode())
+    )
+    with pytest.raises(DataError, match=rf"found its prompt in {re.escape(str(source))} \(.*from$"):
+        answers.join_answers(packed, source)
+    monkeypatch.setattr(answers, "installed_sharegpt_file", lambda: source)
+    with pytest.raises(
+        DataError,
+        match=rf"package's file .*`specheads data join-answers --answers {re.escape(str(packed))} --source FILE`",
+    ):
+        answers.join_answers(packed)

@@ -253,3 +253,25 @@ def test_a_cache_without_the_distribution_asks_for_one_not_for_layers(tmp_path):
         check_cache(cache, [2, 15, 27], needs_logits=True)
     with pytest.raises(ConfigError, match=r"--layer-ids 1 2 3 and without --no-logits .* into a new --out-dir"):
         check_cache(cache, [1, 2, 3], needs_logits=True)
+
+
+def test_a_cache_dir_that_is_not_a_finished_cache_is_refused_before_the_target_loads(
+    four_layer_cache, tiny_target_dir, small_chat_file, tmp_path, monkeypatch
+):
+    """A mistyped, one-level-too-deep or unfinished features.cache_dir was found only after the target had loaded."""
+    import shutil
+
+    import specheads.training.loop as loop
+
+    monkeypatch.setattr(loop, "load_target", lambda *a, **k: pytest.fail("the target loaded before the cache check"))
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(four_layer_cache, unfinished)
+    meta = json.loads((unfinished / "eval" / "meta.json").read_text())
+    (unfinished / "eval" / "meta.json").write_text(json.dumps({**meta, "complete": False}))
+    for cache, message in [
+        (tmp_path / "typo", r"typo/train/meta.json not found; expected the folder `specheads data cache-features"),
+        (four_layer_cache / "train", r"train/train/meta.json not found; .* is a split itself: name the folder above"),
+        (unfinished, r"unfinished/eval is incomplete \(its writer was stopped\)"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            train(_offline_medusa(tiny_target_dir, small_chat_file, tmp_path / "run", cache))

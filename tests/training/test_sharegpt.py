@@ -235,3 +235,26 @@ def test_the_installed_file_is_read_to_its_last_complete_record():
     report = ReadReport()
     count = sum(1 for _ in stream_json_array(installed_sharegpt_file(), report))
     assert count == report.records > 17_000 and report.dropped_incomplete == 1
+
+
+def test_an_answer_before_any_question_is_dropped_and_a_system_turn_kept(questions):
+    """A system turn then an answer (no question) was kept: `data generate` stopped on it ("no user turn to answer")
+    and training drafted the answer from no prompt."""
+    records = [
+        chat("sys-only", turn("system", "Be brief."), turn("gpt", "Hi")),
+        chat("sys-lead", turn("system", "Be brief."), turn("gpt", "Hi"), turn("human", "q"), turn("gpt", "a")),
+    ]
+    report = CleanReport()
+    kept = list(clean_conversations(records, reference_ngrams([questions]), report))
+    assert kept == [chat("sys-lead", turn("system", "Be brief."), turn("human", "q"), turn("gpt", "a"))]
+    assert report.removed == {"without a usable answer": 1} and report.leading_answers_trimmed == 2
+
+
+@pytest.mark.parametrize("turns", [None, 5, QUESTION + " " + QUESTION])
+def test_benchmark_questions_without_a_list_of_turns_are_refused(turns, tmp_path):
+    """`turns` of null or a number was a TypeError traceback; a string was read letter by letter and found no
+    overlap, which silently turned the contamination check off."""
+    path = tmp_path / "question.jsonl"
+    path.write_text(json.dumps({"question_id": 1, "turns": turns}) + "\n")
+    with pytest.raises(DataError, match=rf"{re.escape(str(path))}:1: expected a JSON object with a list of 'turns'"):
+        reference_ngrams([path])
