@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from accelerate.utils import DistributedType
 from filelock import FileLock, Timeout
 
 from specheads.heads.base import CHECKPOINT_STATE_NAME
+from specheads.training.checkpoint_damage import DIGESTED_FILES, file_sha256
 from specheads.training.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -104,7 +106,14 @@ def save_checkpoint(
         (tmp / CONFIG_FILE).write_text(config_yaml)
         _fsync_tree(tmp)  # every file on disk before the marker: a power loss cannot leave a "complete" half
         files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-        state = {"step": step, "data_digest": data_digest, "num_processes": accelerator.num_processes, "files": files}
+        digests = {name: file_sha256(tmp / name) for name in files if fnmatch(name, DIGESTED_FILES)}
+        state = {
+            "step": step,
+            "data_digest": data_digest,
+            "num_processes": accelerator.num_processes,
+            "files": files,
+            "sha256": digests,
+        }
         _write_json_durably(tmp / STATE_FILE, state)
         set_aside_later_checkpoints(root, step - 1)  # this step's own earlier save too: kept, not deleted
         if final.exists():  # left with no readable state (a copy cut short): nothing in it resumes
@@ -126,18 +135,23 @@ def read_rank_state(checkpoint: str | os.PathLike, rank: int) -> dict[str, Any]:
         return {}
 
 
-def completed_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Finished checkpoints, oldest first (a folder counts only once its state file was written and renamed)."""
+def saved_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Every checkpoint folder a save finished (its state file was written and renamed), whether it reads or not."""
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
+    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).is_file())
+
+
+def completed_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Finished checkpoints whose state reads, oldest first (a folder counts only once its state file was written
+    and renamed)."""
     steps = {}
-    for path in root.iterdir():
-        if path.name.startswith(PREFIX) and (path / STATE_FILE).is_file():
-            try:
-                steps[path] = read_step(path)
-            except ConfigError as err:  # the others still resume; a save of this step replaces it
-                logger.warning("%s; skipped", err)
+    for path in saved_checkpoints(output_dir):
+        try:
+            steps[path] = read_step(path)
+        except ConfigError as err:  # the others still resume; a save of this step replaces it
+            logger.warning("%s; skipped", err)
     return sorted(steps, key=steps.__getitem__)
 
 

@@ -3,12 +3,14 @@
 A checkpoint folder is renamed into place only once complete (``checkpoint.save_checkpoint``), so damage comes later:
 a disk that filled, a copy cut short, a file removed. A resume names the damaged file and falls back to the newest
 checkpoint whose weights, optimizer and schedule read back; damaged random or sampler state only costs exactness,
-which the run says in a warning. Sizes are checked against the record of what was written and torch's zip files
-against their CRCs; a bit flipped inside a safetensors tensor keeps its size and header, and is not detected.
+which the run says in a warning. Sizes are checked against the record of what was written, torch's zip files
+against their CRCs and safetensors files against the SHA-256 recorded when they were written (they carry no checksum
+of their own: a bit flipped inside a tensor keeps the file's size and header).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import zipfile
@@ -26,6 +28,13 @@ NEEDED_FILES = ("model*.safetensors", "optimizer*.bin", "scheduler*.bin", "pytor
 """What ``accelerator.save_state`` writes that a resume cannot go on without: weights, optimizer and schedule."""
 EXACTNESS_FILES = ("random_states_*.pkl", "sampler*.bin")
 """What a resume can go on without, no longer exactly: the random generators' and the data sampler's state."""
+DIGESTED_FILES = "*.safetensors"
+"""Which written files the record keeps a SHA-256 of: torch's zip files already carry CRCs of every byte."""
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 def needed_damage(checkpoint: Path) -> list[str]:
@@ -59,10 +68,12 @@ def damaged_files(checkpoint: Path, patterns: tuple[str, ...], exactness: bool) 
 
 def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
     """The files of one kind the checkpoint records writing (the random and sampler states, or everything else a
-    resume reads) that are gone or another size than written; none for a checkpoint from before the record."""
+    resume reads) that are gone, another size than written or, where a digest was recorded, other bytes; none for a
+    checkpoint from before the record."""
     try:
-        recorded = json.loads((checkpoint / CHECKPOINT_STATE_NAME).read_text()).get("files") or {}
-    except (OSError, ValueError):
+        state = json.loads((checkpoint / CHECKPOINT_STATE_NAME).read_text())
+        recorded, digests = state.get("files") or {}, state.get("sha256") or {}
+    except (OSError, ValueError, AttributeError):
         return {}  # read_step names an unreadable state file
     found = {}
     for name, size in recorded.items():
@@ -75,6 +86,8 @@ def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
             found[path] = f"{path} is missing"
         elif path.stat().st_size != size:
             found[path] = f"{path} is damaged ({path.stat().st_size} bytes, written as {size})"
+        elif name in digests and file_sha256(path) != digests[name]:
+            found[path] = f"{path} is damaged (its SHA-256 differs from the one recorded when it was written)"
     return found
 
 

@@ -23,6 +23,7 @@ from specheads.training.checkpoint import (
     completed_checkpoints,
     latest_checkpoint,
     read_step,
+    saved_checkpoints,
 )
 from specheads.training.checkpoint_damage import needed_damage, newest_intact, warn_if_inexact
 from specheads.training.config import ConfigError, TrainConfig
@@ -67,7 +68,7 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     finished head and no checkpoint: training from step 0 would overwrite it.
     """
     if resume == "no":
-        found = completed_checkpoints(output_dir)
+        found = saved_checkpoints(output_dir)  # one whose state no longer reads is still another run's
         if found:
             raise ConfigError(
                 f"train.resume=no starts a new run, but {checkpoint_root(output_dir)} already holds checkpoints of a "
@@ -101,7 +102,7 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
         )
     if path.resolve().parent != Path(checkpoint_root(output_dir)).resolve():
         # another run's checkpoint, continued in this folder: what is already here must not be overwritten or mixed
-        found = completed_checkpoints(output_dir)
+        found = saved_checkpoints(output_dir)
         if found:
             raise ConfigError(
                 f"train.resume={resume} is a checkpoint of another run than {output_dir}'s, whose "

@@ -18,6 +18,7 @@ from specheads.training.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
+from specheads.training.checkpoint_damage import file_sha256
 from specheads.training.config import load_config
 from specheads.training.loop import train
 from specheads.training.resume import resolve_resume
@@ -117,8 +118,10 @@ def test_resume_refuses_a_checkpoint_whose_weights_do_not_fit_the_model(tiny_tar
 
 
 def _record_as_written(path: Path) -> None:
-    """Record ``path``'s size in its checkpoint's list of written files (else a resume reads it as damaged)."""
+    """Record ``path``'s size and digest in its checkpoint's list of written files (else a resume reads it as
+    damaged)."""
     state_file = path.parent / STATE_FILE
     state = json.loads(state_file.read_text())
     state["files"][path.name] = path.stat().st_size
+    state["sha256"][path.name] = file_sha256(path)
     state_file.write_text(json.dumps(state))

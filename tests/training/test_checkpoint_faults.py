@@ -68,6 +68,24 @@ def test_a_truncated_file_in_the_newest_checkpoint_falls_back_with_a_warning_nam
     assert all(torch.equal(whole[name], fallback[name]) for name in whole)
 
 
+def test_a_bit_flipped_inside_a_safetensors_tensor_falls_back_like_a_truncated_file(runs, caplog):
+    """A flipped bit keeps the file's size and header, so it read back whole and resumed wrong weights silently;
+    each checkpoint now records its safetensors files' SHA-256."""
+    out = _copy(runs, "bit-flip")
+    newest = checkpoint_root(out) / "step-00000002"
+    weights = newest / "model.safetensors"
+    assert len(json.loads((newest / "trainer_state.json").read_text())["sha256"]["model.safetensors"]) == 64
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # the last byte of the last tensor: the header and size are unchanged
+    weights.write_bytes(bytes(data))
+    load_file(str(weights))  # still loads: only the recorded digest tells
+    with pytest.raises(ConfigError, match=rf"{weights} is damaged \(its SHA-256 differs"):
+        resolve_resume(str(newest), out)
+    caplog.set_level(logging.WARNING)
+    assert resolve_resume("auto", out) == checkpoint_root(out) / "step-00000001"
+    assert any(f"skipping checkpoint step-00000002: {weights} is damaged" in r.getMessage() for r in caplog.records)
+
+
 def test_damaged_random_state_resumes_with_a_warning_that_it_is_not_exact(runs, caplog):
     out = _copy(runs, "damaged-rng")
     newest = checkpoint_root(out) / "step-00000002"
@@ -151,6 +169,16 @@ def test_a_state_file_that_does_not_read_is_skipped_by_auto_and_named_when_given
     assert any(f"{newest / 'trainer_state.json'} is damaged" in r.getMessage() for r in caplog.records)
     with pytest.raises(ConfigError, match=rf"{newest / 'trainer_state.json'} is damaged \(JSONDecodeError"):
         resolve_resume(str(newest), out)
+
+
+def test_a_new_run_refuses_a_folder_whose_only_checkpoint_no_longer_reads(runs):
+    """Before: completed_checkpoints skipped the unreadable checkpoint, so train.resume=no started over beside it."""
+    out = _copy(runs, "unreadable-new-run")
+    shutil.rmtree(checkpoint_root(out) / "step-00000001")
+    (checkpoint_root(out) / "step-00000002" / "trainer_state.json").write_text("{")
+    assert completed_checkpoints(out) == []
+    with pytest.raises(ConfigError, match=r"resume=no starts a new run, but .* holds checkpoints .*step-00000002"):
+        resolve_resume("no", out)
 
 
 def test_resuming_an_earlier_checkpoint_sets_the_later_one_of_the_same_step_aside(
