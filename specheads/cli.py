@@ -1,7 +1,7 @@
 """The ``specheads`` command: one entry point whose subcommands live next to the code they drive.
 
-Each subcommand's module owns its own argument parser; this file only dispatches, importing lazily so that
-``specheads push`` does not pay for importing the training stack.
+Each subcommand's module owns its own argument parser (``build_parser``); this file dispatches, importing lazily so
+that ``specheads push`` does not pay for importing the training stack, and renders the parsers as ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,69 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "push": ("specheads.heads.push_cli", "push_main", "upload a saved head folder to the Hugging Face Hub"),
     "export": ("specheads.heads.export_cli", "export_main", "write a head for vLLM, SGLang or speculators"),
 }
+
+
+REFERENCE_HEADER = """# Command reference
+
+Every option of every `specheads` command, read from the commands' own parsers (`specheads COMMAND --help` prints
+the same). Written by `python scripts/cli_reference.py`; a test fails when this file and the parsers differ.
+"""
+
+
+def reference_markdown() -> str:
+    """``docs/cli.md``: each subcommand's options as a table, from the parser each module builds (``build_parser``)."""
+    parts = [REFERENCE_HEADER]
+    for name, (module_name, _, summary) in SUBCOMMANDS.items():
+        parser = importlib.import_module(module_name).build_parser()
+        subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subcommands:
+            parts.append(_reference_section(f"specheads {name}", summary, parser))
+            continue
+        helps = {choice.dest: choice.help for choice in subcommands[0]._choices_actions}
+        for sub_name, sub_parser in subcommands[0].choices.items():
+            parts.append(_reference_section(f"specheads {name} {sub_name}", helps.get(sub_name) or "", sub_parser))
+    return "\n".join(parts)
+
+
+def _reference_section(title: str, summary: str, parser: argparse.ArgumentParser) -> str:
+    rows = ["| option | value | default | what it does |", "|---|---|---|---|"]
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        names = ", ".join(f"`{n}`" for n in action.option_strings) or f"`{action.dest}` (positional)"
+        required = action.required and action.nargs not in ("*", "?")  # argparse marks a bare "*" positional required
+        default = "required" if required else _shown_default(action)
+        rows.append(f"| {names} | {_cell(_value_form(action))} | {default} | {_cell(action.help or '')} |")
+    return f"## `{title}`\n\n{summary[:1].upper()}{summary[1:]}.\n\n" + "\n".join(rows) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")  # a table cell: its pipes escaped, on one line
+
+
+def _is_switch(action: argparse.Action) -> bool:
+    """A flag (store_true/false), or a dataclass bool (``--raw`` or ``--raw false``, as HfArgumentParser makes them)."""
+    return action.nargs == 0 or (action.nargs == "?" and isinstance(action.const, bool))
+
+
+def _value_form(action: argparse.Action) -> str:
+    if _is_switch(action):
+        return "flag"
+    form = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else (action.metavar or action.dest.upper())
+    return {"?": f"[{form}]", "*": f"[{form} ...]", "+": f"{form} [{form} ...]"}.get(action.nargs, form)
+
+
+def _shown_default(action: argparse.Action) -> str:
+    default = action.default
+    if action.nargs == 0:
+        return "off"  # a flag: what holds when it is not given
+    if _is_switch(action):
+        return "on" if default else "off"
+    if default is None or default is argparse.SUPPRESS or default == []:
+        return "-"
+    if isinstance(default, (list, tuple)):
+        return " ".join(f"`{item}`" for item in default)
+    return f"`{default}`"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_arguments(parser, d)
     _add_method_arguments(parser, d)
     _add_auto_tree_arguments(parser, d)
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars (for logs)")
     return parser
 
 
@@ -72,11 +72,16 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -
         help="run each (prompt, method) N times, interleaved, and report the median time (noisy machines)",
     )
     p.add_argument("--categories", nargs="*", default=[], help="only these categories (mt_bench, translation, ...)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens)
+    p.add_argument("--max-new-tokens", type=positive_int, default=d.max_new_tokens, help="new tokens per run")
     p.add_argument("--temperature", type=non_negative_float, default=d.temperature, help="0 = greedy (lossless check)")
     p.add_argument("--seed", type=int, default=d.seed, help="sampling seed (T>0)")
     p.add_argument("--device", default=d.device, help="auto (cuda if available) | cpu | cuda | cuda:1 ...")
-    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--dtype",
+        default=d.dtype,
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="auto: bfloat16 on a GPU, float32 on a CPU",
+    )
     p.add_argument("--out", default=d.out, help="output folder for results.json, results.md and plots")
 
 
@@ -101,7 +106,12 @@ def _add_method_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> 
     p.add_argument(
         "--assistant-layers", type=positive_int, default=d.assistant_layers, help="layers of the default assistant"
     )
-    p.add_argument("--prompt-lookup-tokens", type=positive_int, default=d.prompt_lookup_tokens)
+    p.add_argument(
+        "--prompt-lookup-tokens",
+        type=positive_int,
+        default=d.prompt_lookup_tokens,
+        help="hf-prompt-lookup's prompt_lookup_num_tokens",
+    )
 
 
 def _add_auto_tree_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> None:

@@ -80,14 +80,18 @@ class GenerateArgs:
         },
     )
     recalibrate: bool = field(default=False, metadata={"help": "with --tree auto: calibrate again, ignore the cache"})
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
+    max_new_tokens: int = field(default=256, metadata={"help": "new tokens at most"})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy; above 0 samples the target's distribution"})
+    top_k: int | None = field(
+        default=None, metadata={"help": "with --temperature: sample from the K likeliest tokens (0 = off)"}
+    )
+    top_p: float | None = field(
+        default=None, metadata={"help": "with --temperature: sample from the smallest set holding probability P"}
+    )
     acceptance: str = field(
         default="speculative", metadata={"help": "typical is LOSSY", "choices": list(ACCEPTANCE_RULES)}
     )
-    seed: int | None = None
+    seed: int | None = field(default=None, metadata={"help": "random seed for sampling, for a repeatable run"})
     stop: list[str] = field(default_factory=list, metadata={"help": "stop strings"})
     raw: bool = field(default=False, metadata={"help": "feed the prompt without the chat template"})
     backoff: bool = field(default=False, metadata={"help": "stop drafting while it does not pay (lossless)"})
@@ -117,8 +121,12 @@ class GenerateArgs:
     drafter_sinks: int = field(default=4, metadata={"help": "with --drafter-window: first rows always kept"})
 
 
+def build_parser() -> HfArgumentParser:
+    return HfArgumentParser(GenerateArgs, prog="specheads generate", allow_abbrev=False)
+
+
 def generate_main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(GenerateArgs, prog="specheads generate", allow_abbrev=False)
+    parser = build_parser()
     args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:  # HfArgumentParser raises a ValueError for these; argparse's own usage error reads better
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

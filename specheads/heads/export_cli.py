@@ -64,7 +64,7 @@ EXPORT_FILE_PATTERNS = (
 """The names of every file an export may write: ``--overwrite`` replaces these and nothing else."""
 
 
-def export_main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specheads export", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("head", help="a folder written by head.save_pretrained() (e.g. runs/eagle3-smollm2-135m)")
     parser.add_argument("out", help="output folder (new or empty; an existing one only with --overwrite)")
@@ -78,7 +78,11 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--target", default=None, help="the target model (default: the one recorded in the head's config.json)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from specheads.target import TargetLoadError, load_target
 
     try:

