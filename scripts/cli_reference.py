@@ -17,7 +17,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "docs" / "cli.md"), help="where to write it (default: docs/cli.md)")
     out = Path(parser.parse_args().out)
-    out.write_text(reference_markdown())
+    out.write_text(reference_markdown(), encoding="utf-8")
     print(f"wrote {out}")
 
 

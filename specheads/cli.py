@@ -25,8 +25,9 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 
 REFERENCE_HEADER = """# Command reference
 
-Every option of every `specheads` command, read from the commands' own parsers (`specheads COMMAND --help` prints
-the same). Written by `python scripts/cli_reference.py`; a test fails when this file and the parsers differ.
+Every option of every `specheads` command, read from the commands' own parsers (`specheads COMMAND --help` and
+`specheads data SUBCOMMAND --help` print the same options and help, without the defaults). Written by
+`python scripts/cli_reference.py`; a test fails when this file and the parsers differ.
 """
 
 

@@ -99,7 +99,8 @@ def _add_method_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> 
         dest="trees",
         action="append",
         default=[],
-        help="tree per --head (or one for all): auto | chain:D | dynamic:D,K,N (EAGLE) | tree file or name (Medusa)",
+        help="tree per --head (or one for all): auto | chain:D | dynamic:D,K,N (EAGLE) | tree file or name (Medusa); "
+        "default: auto",
     )
     p.add_argument("--methods", nargs="*", default=d.methods, choices=BUILTIN_METHODS, help="comparison methods")
     p.add_argument("--assistant", default=None, help="draft model head folder for hf-assisted")
@@ -110,7 +111,8 @@ def _add_method_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -> 
         "--prompt-lookup-tokens",
         type=positive_int,
         default=d.prompt_lookup_tokens,
-        help="hf-prompt-lookup's prompt_lookup_num_tokens",
+        help="tokens a prompt-lookup draft proposes: hf-prompt-lookup's prompt_lookup_num_tokens and the length of "
+        "specheads-lookup's chain",
     )
 
 

@@ -1,7 +1,9 @@
 """The file names of a head folder and the check that its weights file is readable, in a module of their own so that
 every reader and writer (save, load, card, Hub, the engines' checkpoints) imports them without importing each other."""
 
+import hashlib
 from pathlib import Path
+from typing import Any
 
 import safetensors
 
@@ -28,3 +30,12 @@ def safetensors_header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
             return {name: (tuple(piece.get_shape()), piece.get_dtype()) for name, piece in slices.items()}
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for corrupt files
         raise HeadLoadError(f"{path} is not a readable safetensors file ({err}); it is corrupt or truncated") from err
+
+
+def hash_file(path: Path, digest: Any = None) -> Any:
+    """``digest`` (a new SHA-256 when None) fed ``path``'s bytes in 1 MiB blocks: a large file never sits in memory."""
+    digest = hashlib.sha256() if digest is None else digest
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from accelerate.utils import DistributedType
 from filelock import FileLock, Timeout
 
 from specheads.heads.base import CHECKPOINT_STATE_NAME
-from specheads.training.checkpoint_damage import DIGESTED_FILES, file_sha256
+from specheads.training.checkpoint_damage import CONFIG_FILE, RANK_STATE, file_sha256
 from specheads.training.config import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -38,8 +37,6 @@ PREFIX = "step-"
 TMP_PREFIX = ".tmp-"
 ABANDONED_PREFIX = "abandoned-"
 STATE_FILE = CHECKPOINT_STATE_NAME
-CONFIG_FILE = "train_config.yaml"
-RANK_STATE = "rank_state_{rank}.json"
 WEIGHTS_FILE = "model.safetensors"  # what ``accelerator.save_state`` names the first model's weights
 
 LOCK_NAME = ".specheads-train.lock"
@@ -106,7 +103,7 @@ def save_checkpoint(
         (tmp / CONFIG_FILE).write_text(config_yaml)
         _fsync_tree(tmp)  # every file on disk before the marker: a power loss cannot leave a "complete" half
         files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-        digests = {name: file_sha256(tmp / name) for name in files if fnmatch(name, DIGESTED_FILES)}
+        digests = {name: file_sha256(tmp / name) for name in files}
         state = {
             "step": step,
             "data_digest": data_digest,
@@ -116,8 +113,8 @@ def save_checkpoint(
         }
         _write_json_durably(tmp / STATE_FILE, state)
         set_aside_later_checkpoints(root, step - 1)  # this step's own earlier save too: kept, not deleted
-        if final.exists():  # left with no readable state (a copy cut short): nothing in it resumes
-            shutil.rmtree(final)
+        if final.exists():  # its state no longer reads (a copy cut short): kept aside too, for whatever still reads
+            _set_aside(final)
         os.replace(tmp, final)
         _fsync_dir(root)
         prune_checkpoints(root, keep_last)
@@ -136,18 +133,19 @@ def read_rank_state(checkpoint: str | os.PathLike, rank: int) -> dict[str, Any]:
 
 
 def saved_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Every checkpoint folder a save finished (its state file was written and renamed), whether it reads or not."""
+    """Every ``step-*`` folder, whether its state reads or not: only a finished save renames a folder so, so each one
+    is some run's checkpoint (one without a readable state was damaged or copied short since)."""
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).is_file())
+    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX) and p.is_dir())
 
 
 def completed_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Finished checkpoints whose state reads, oldest first (a folder counts only once its state file was written
     and renamed)."""
     steps = {}
-    for path in saved_checkpoints(output_dir):
+    for path in (p for p in saved_checkpoints(output_dir) if (p / STATE_FILE).is_file()):
         try:
             steps[path] = read_step(path)
         except ConfigError as err:  # the others still resume; a save of this step replaces it
@@ -242,10 +240,14 @@ def set_aside_later_checkpoints(root: Path, step: int) -> None:
     damaged, or an older one was named): renamed ``abandoned-step-N``, they are neither pruned in place of this
     run's own saves nor resumed by ``auto``, and stay on disk for whoever wants what still reads in them."""
     for later in [c for c in completed_checkpoints(root.parent) if read_step(c) > step]:
-        aside = later.with_name(f"{ABANDONED_PREFIX}{later.name}")
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(later, aside)
-        logger.warning("%s is from before this run resumed at an earlier step: renamed %s", later, aside.name)
+        logger.warning("%s is from before this run resumed at an earlier step: renamed %s", later, _set_aside(later))
+
+
+def _set_aside(checkpoint: Path) -> str:
+    aside = checkpoint.with_name(f"{ABANDONED_PREFIX}{checkpoint.name}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.replace(checkpoint, aside)
+    return aside.name
 
 
 def prune_checkpoints(root: Path, keep_last: int) -> None:

@@ -3,14 +3,14 @@
 A checkpoint folder is renamed into place only once complete (``checkpoint.save_checkpoint``), so damage comes later:
 a disk that filled, a copy cut short, a file removed. A resume names the damaged file and falls back to the newest
 checkpoint whose weights, optimizer and schedule read back; damaged random or sampler state only costs exactness,
-which the run says in a warning. Sizes are checked against the record of what was written, torch's zip files
-against their CRCs and safetensors files against the SHA-256 recorded when they were written (they carry no checksum
-of their own: a bit flipped inside a tensor keeps the file's size and header).
+which the run says in a warning. Every file is checked against the size and SHA-256 recorded when it was written
+(a bit flipped inside a tensor keeps a safetensors file's size and header, and FSDP's shards carry no checksum), and
+the top-level weights, optimizer and schedule files also read back: torch's zip files against their CRCs, safetensors
+files tensor by tensor.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import zipfile
@@ -20,6 +20,7 @@ from pathlib import Path
 import safetensors.torch
 
 from specheads.heads.base import CHECKPOINT_STATE_NAME
+from specheads.heads.files import hash_file
 from specheads.training.config import ConfigError
 
 logger = logging.getLogger("specheads.training.checkpoint")
@@ -28,13 +29,13 @@ NEEDED_FILES = ("model*.safetensors", "optimizer*.bin", "scheduler*.bin", "pytor
 """What ``accelerator.save_state`` writes that a resume cannot go on without: weights, optimizer and schedule."""
 EXACTNESS_FILES = ("random_states_*.pkl", "sampler*.bin")
 """What a resume can go on without, no longer exactly: the random generators' and the data sampler's state."""
-DIGESTED_FILES = "*.safetensors"
-"""Which written files the record keeps a SHA-256 of: torch's zip files already carry CRCs of every byte."""
+CONFIG_FILE = "train_config.yaml"
+RANK_STATE = "rank_state_{rank}.json"
+"""Each rank's logging window: like the config, read with a warning of its own, never a reason to fall back."""
 
 
 def file_sha256(path: Path) -> str:
-    with path.open("rb") as stream:
-        return hashlib.file_digest(stream, "sha256").hexdigest()
+    return hash_file(path).hexdigest()
 
 
 def needed_damage(checkpoint: Path) -> list[str]:
@@ -69,15 +70,19 @@ def damaged_files(checkpoint: Path, patterns: tuple[str, ...], exactness: bool) 
 def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
     """The files of one kind the checkpoint records writing (the random and sampler states, or everything else a
     resume reads) that are gone, another size than written or, where a digest was recorded, other bytes; none for a
-    checkpoint from before the record."""
+    checkpoint from before the record. A record of another shape is damage to the state file itself."""
+    state_file = checkpoint / CHECKPOINT_STATE_NAME
     try:
-        state = json.loads((checkpoint / CHECKPOINT_STATE_NAME).read_text())
+        state = json.loads(state_file.read_text())
         recorded, digests = state.get("files") or {}, state.get("sha256") or {}
     except (OSError, ValueError, AttributeError):
         return {}  # read_step names an unreadable state file
+    if not (isinstance(recorded, dict) and isinstance(digests, dict)):
+        why = f"{state_file} is damaged (its files and sha256 entries are not name -> value maps)"
+        return {} if exactness else {state_file: why}
     found = {}
     for name, size in recorded.items():
-        if fnmatch(name, "rank_state_*.json") or name == "train_config.yaml":
+        if fnmatch(name, RANK_STATE.format(rank="*")) or name == CONFIG_FILE:
             continue  # the logging window and the config: each read with its own warning
         if any(fnmatch(name, pattern) for pattern in EXACTNESS_FILES) != exactness:
             continue
@@ -87,7 +92,7 @@ def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
         elif path.stat().st_size != size:
             found[path] = f"{path} is damaged ({path.stat().st_size} bytes, written as {size})"
         elif name in digests and file_sha256(path) != digests[name]:
-            found[path] = f"{path} is damaged (its SHA-256 differs from the one recorded when it was written)"
+            found[path] = f"{path} is damaged or replaced (its SHA-256 differs from the one recorded when written)"
     return found
 
 

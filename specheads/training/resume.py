@@ -70,16 +70,23 @@ def resolve_resume(resume: str, output_dir: str | os.PathLike) -> Path | None:
     if resume == "no":
         found = saved_checkpoints(output_dir)  # one whose state no longer reads is still another run's
         if found:
+            readable = completed_checkpoints(output_dir)
+            way_on = "Continue that run with train.resume=auto (or --resume), or" if readable else "None reads back:"
             raise ConfigError(
                 f"train.resume=no starts a new run, but {checkpoint_root(output_dir)} already holds checkpoints of a "
-                f"run ({', '.join(p.name for p in found)}); expected an output folder without checkpoints. Continue "
-                "that run with train.resume=auto (or --resume), or give this run another train.output_dir (or "
-                "delete that folder)."
+                f"run ({', '.join(p.name for p in found)}); expected an output folder without checkpoints. {way_on} "
+                "give this run another train.output_dir (or delete that folder)."
             )
         _refuse_overwriting_a_head(output_dir, "train.resume=no starts a new run")
         return None
     if resume == "auto":
         found = completed_checkpoints(output_dir)
+        if not found and (unreadable := saved_checkpoints(output_dir)):
+            raise ConfigError(
+                f"train.resume=auto: no checkpoint in {checkpoint_root(output_dir)} has a readable {STATE_FILE} "
+                f"({', '.join(p.name for p in unreadable)}); expected at least one complete checkpoint, and starting "
+                "over here would overwrite them. Start a new run in another train.output_dir."
+            )
         if not found:
             _refuse_overwriting_a_head(output_dir, "train.resume=auto (--resume) found no checkpoint to resume")
             logger.info("train.resume=auto: no checkpoint in %s yet; starting at step 0", checkpoint_root(output_dir))

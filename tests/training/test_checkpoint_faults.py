@@ -74,12 +74,14 @@ def test_a_bit_flipped_inside_a_safetensors_tensor_falls_back_like_a_truncated_f
     out = _copy(runs, "bit-flip")
     newest = checkpoint_root(out) / "step-00000002"
     weights = newest / "model.safetensors"
-    assert len(json.loads((newest / "trainer_state.json").read_text())["sha256"]["model.safetensors"]) == 64
+    recorded = json.loads((newest / "trainer_state.json").read_text())
+    assert set(recorded["sha256"]) == set(recorded["files"])  # every file: FSDP's shards carry no checksum either
+    assert len(recorded["sha256"]["model.safetensors"]) == 64
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01  # the last byte of the last tensor: the header and size are unchanged
     weights.write_bytes(bytes(data))
     load_file(str(weights))  # still loads: only the recorded digest tells
-    with pytest.raises(ConfigError, match=rf"{weights} is damaged \(its SHA-256 differs"):
+    with pytest.raises(ConfigError, match=rf"{weights} is damaged or replaced \(its SHA-256 differs"):
         resolve_resume(str(newest), out)
     caplog.set_level(logging.WARNING)
     assert resolve_resume("auto", out) == checkpoint_root(out) / "step-00000001"
@@ -171,14 +173,41 @@ def test_a_state_file_that_does_not_read_is_skipped_by_auto_and_named_when_given
         resolve_resume(str(newest), out)
 
 
-def test_a_new_run_refuses_a_folder_whose_only_checkpoint_no_longer_reads(runs):
-    """Before: completed_checkpoints skipped the unreadable checkpoint, so train.resume=no started over beside it."""
-    out = _copy(runs, "unreadable-new-run")
+@pytest.mark.parametrize("state", ["{", None])
+def test_no_run_starts_over_a_folder_whose_only_checkpoint_no_longer_reads(runs, state):
+    """Before: completed_checkpoints skipped the unreadable checkpoint, so train.resume=no and auto started a new run
+    beside it, whose save of that step then deleted it. A folder without its state file is a checkpoint too."""
+    out = _copy(runs, f"unreadable-new-run-{state is None}")
     shutil.rmtree(checkpoint_root(out) / "step-00000001")
-    (checkpoint_root(out) / "step-00000002" / "trainer_state.json").write_text("{")
+    state_file = checkpoint_root(out) / "step-00000002" / "trainer_state.json"
+    if state is None:
+        state_file.unlink()
+    else:
+        state_file.write_text(state)
     assert completed_checkpoints(out) == []
     with pytest.raises(ConfigError, match=r"resume=no starts a new run, but .* holds checkpoints .*step-00000002"):
         resolve_resume("no", out)
+    with pytest.raises(ConfigError, match=r"resume=auto: no checkpoint .* has a readable trainer_state.json"):
+        resolve_resume("auto", out)
+
+
+def test_a_record_of_another_shape_is_damage_to_the_state_file(runs, caplog):
+    out = _copy(runs, "misshapen-record")
+    newest = checkpoint_root(out) / "step-00000002"
+    state_file = newest / "trainer_state.json"
+    state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "sha256": ["not", "a", "map"]}))
+    with pytest.raises(ConfigError, match=rf"{state_file} is damaged \(its files and sha256 entries are not"):
+        resolve_resume(str(newest), out)
+    caplog.set_level(logging.WARNING)
+    assert resolve_resume("auto", out) == checkpoint_root(out) / "step-00000001"
+
+
+def test_a_save_over_a_checkpoint_whose_state_no_longer_reads_keeps_it_aside(runs, tiny_target_dir, small_chat_file):
+    out = _copy(runs, "unreadable-same-step")
+    (checkpoint_root(out) / "step-00000002" / "trainer_state.json").write_text("{")
+    assert _train(tiny_target_dir, small_chat_file, out, resume="auto").finished  # from step 1, saves 2 and 3
+    assert (checkpoint_root(out) / "abandoned-step-00000002" / "model.safetensors").is_file()
+    assert [p.name for p in completed_checkpoints(out)] == ["step-00000001", "step-00000002", "step-00000003"]
 
 
 def test_resuming_an_earlier_checkpoint_sets_the_later_one_of_the_same_step_aside(

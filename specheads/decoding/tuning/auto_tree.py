@@ -217,15 +217,14 @@ def head_fingerprint(head_dir: str | os.PathLike) -> str:
     """A digest of a saved head's config and weights (and its LoRA adapter's): a retrained head gets a new tree.
     Training checkpoints under the folder are not part of the head and are left out. A Hub id is resolved first."""
     from specheads.heads import LORA_DIR, resolve_head_folder
+    from specheads.heads.files import hash_file
 
     digest = hashlib.sha256()
     root = resolve_head_folder(head_dir)
     files = [*root.glob("*"), *(root / LORA_DIR).glob("*")]
     for path in sorted(p for p in files if p.is_file() and p.suffix in (".json", ".safetensors")):
         digest.update(str(path.relative_to(root)).encode())
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        hash_file(path, digest)
     return digest.hexdigest()[:16]
 
 
