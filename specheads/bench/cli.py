@@ -35,7 +35,7 @@ from specheads.bench.report import (
 )
 from specheads.bench.runner import BenchmarkInterrupted, mark_near_ties, run_benchmark
 from specheads.bench.settings import BUILTIN_METHODS, BenchSettings
-from specheads.decoding.cli import resolve_head_argument
+from specheads.decoding.cli import DTYPES, resolve_head_argument
 from specheads.decoding.head_drafter import check_head_tree
 from specheads.decoding.tuning.auto_tree import (
     parse_solo_length,
@@ -79,7 +79,7 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, d: BenchSettings) -
     p.add_argument(
         "--dtype",
         default=d.dtype,
-        choices=["auto", "float32", "bfloat16", "float16"],
+        choices=DTYPES,
         help="auto: bfloat16 on a GPU, float32 on a CPU",
     )
     p.add_argument("--out", default=d.out, help="output folder for results.json, results.md and plots")
