@@ -4,9 +4,9 @@ A checkpoint folder is renamed into place only once complete (``checkpoint.save_
 a disk that filled, a copy cut short, a file removed. A resume names the damaged file and falls back to the newest
 checkpoint whose weights, optimizer and schedule read back; damaged random or sampler state only costs exactness,
 which the run says in a warning. Every file is checked against the size and SHA-256 recorded when it was written
-(a bit flipped inside a tensor keeps a safetensors file's size and header, and FSDP's shards carry no checksum), and
-the top-level weights, optimizer and schedule files also read back: torch's zip files against their CRCs, safetensors
-files tensor by tensor.
+(a bit flipped inside a tensor keeps a safetensors file's size and header, and FSDP's shards carry no checksum); in
+a checkpoint from before the digests, the top-level weights, optimizer and schedule files read back instead: torch's
+zip files against their CRCs, safetensors files tensor by tensor.
 """
 
 from __future__ import annotations
@@ -52,9 +52,11 @@ def exactness_damage(checkpoint: Path) -> list[str]:
 def damaged_files(checkpoint: Path, patterns: tuple[str, ...], exactness: bool) -> list[str]:
     """``FILE is missing`` or ``FILE is damaged (why)`` for each file of one kind in ``checkpoint``: a recorded file
     that is gone or another size than written, and a file under ``patterns`` that does not read back whole (torch's
-    files are zip archives whose CRCs cover every byte; a safetensors file reads all its tensors)."""
-    found = _against_record(checkpoint, exactness)
-    for path in sorted({p for pattern in patterns for p in checkpoint.glob(pattern) if p.is_file()} - set(found)):
+    files are zip archives whose CRCs cover every byte; a safetensors file reads all its tensors). A file whose
+    recorded SHA-256 matches holds the bytes written, so it is not read a second time."""
+    found, verified = _against_record(checkpoint, exactness)
+    candidates = {p for pattern in patterns for p in checkpoint.glob(pattern) if p.is_file()}
+    for path in sorted(candidates - set(found) - verified):
         try:
             if path.suffix == ".safetensors":
                 safetensors.torch.load_file(str(path))
@@ -67,20 +69,21 @@ def damaged_files(checkpoint: Path, patterns: tuple[str, ...], exactness: bool) 
     return list(found.values())
 
 
-def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
+def _against_record(checkpoint: Path, exactness: bool) -> tuple[dict[Path, str], set[Path]]:
     """The files of one kind the checkpoint records writing (the random and sampler states, or everything else a
     resume reads) that are gone, another size than written or, where a digest was recorded, other bytes; none for a
-    checkpoint from before the record. A record of another shape is damage to the state file itself."""
+    checkpoint from before the record. A record of another shape is damage to the state file itself. Second: the
+    files whose recorded digest matched."""
     state_file = checkpoint / CHECKPOINT_STATE_NAME
     try:
         state = json.loads(state_file.read_text())
         recorded, digests = state.get("files") or {}, state.get("sha256") or {}
     except (OSError, ValueError, AttributeError):
-        return {}  # read_step names an unreadable state file
+        return {}, set()  # read_step names an unreadable state file
     if not (isinstance(recorded, dict) and isinstance(digests, dict)):
         why = f"{state_file} is damaged (its files and sha256 entries are not name -> value maps)"
-        return {} if exactness else {state_file: why}
-    found = {}
+        return ({} if exactness else {state_file: why}), set()
+    found, verified = {}, set()
     for name, size in recorded.items():
         if fnmatch(name, RANK_STATE.format(rank="*")) or name == CONFIG_FILE:
             continue  # the logging window and the config: each read with its own warning
@@ -91,9 +94,12 @@ def _against_record(checkpoint: Path, exactness: bool) -> dict[Path, str]:
             found[path] = f"{path} is missing"
         elif path.stat().st_size != size:
             found[path] = f"{path} is damaged ({path.stat().st_size} bytes, written as {size})"
-        elif name in digests and file_sha256(path) != digests[name]:
-            found[path] = f"{path} is damaged or replaced (its SHA-256 differs from the one recorded when written)"
-    return found
+        elif name in digests:
+            if file_sha256(path) != digests[name]:
+                found[path] = f"{path} is damaged or replaced (its SHA-256 differs from the one recorded when written)"
+            else:
+                verified.add(path)
+    return found, verified
 
 
 def newest_intact(found: list[Path]) -> Path:

@@ -114,6 +114,23 @@ def test_an_intact_checkpoint_has_no_damaged_files(runs):
     assert {p.name for p in newest.iterdir()} >= {"model.safetensors", "optimizer.bin", "random_states_0.pkl"}
 
 
+def test_a_file_whose_recorded_digest_matches_is_not_read_a_second_time(runs, monkeypatch):
+    """Before: a resume hashed model.safetensors and then loaded all its tensors as well; a checkpoint from before
+    the digests (no sha256 record) is still read back whole."""
+    import specheads.training.checkpoint_damage as damage
+
+    loaded = []
+    monkeypatch.setattr(damage.safetensors.torch, "load_file", lambda path: loaded.append(Path(path).name) or {})
+    newest = completed_checkpoints(runs["stopped"])[-1]
+    assert needed_damage(newest) == [] and loaded == []
+    out = _copy(runs, "no-digests")
+    older = completed_checkpoints(out)[-1]
+    state = json.loads((older / "trainer_state.json").read_text())
+    del state["sha256"]
+    (older / "trainer_state.json").write_text(json.dumps(state))
+    assert needed_damage(older) == [] and loaded == ["model.safetensors"]
+
+
 def test_a_missing_file_falls_back_like_a_damaged_one(runs, tiny_target_dir, small_chat_file, caplog):
     """Before: only files present were checked, so a checkpoint without its optimizer.bin counted as intact and the
     resume failed instead of falling back. Checkpoints record what they wrote (any engine's layout)."""
