@@ -6,7 +6,7 @@ RAG and extraction answers do. This set adds prompts that put a passage in front
 permissively licensed sources (GPT-4-written GPTeacher role-play responses as passages), plus more plain prompts of
 the first set's sources. No prompt of the first set is reused and no Spec-Bench text is used.
 
-    python scripts/make_prompt_mix.py --prompts-dir PROMPTS_DIR --out runs/prompts-mix-1k.jsonl
+    python scripts/make_prompt_mix.py --out runs/prompts-mix-1k.jsonl    # reads data/train_prompts/
     specheads data generate --target smollm2-135m-instruct --prompts runs/prompts-mix-1k.jsonl \
         --out data/smollm2-135m-instruct-greedy-mix-1k.jsonl --max-new-tokens 200 --batch-size 32
 """
@@ -14,12 +14,14 @@ the first set's sources. No prompt of the first set is reused and no Spec-Bench 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_SET = ROOT / "data" / "smollm2-135m-instruct-greedy-1k.jsonl"
+PROMPTS_DIR = ROOT / "data" / "train_prompts"
 PROMPTS_FILE, ROLEPLAY_FILE = "prompts.jsonl", "gpteacher_roleplay-simple-deduped-roleplay-instruct.json"
 
 PLAIN = {"gpteacher_codegen": 200, "gsm8k_train": 150, "gpteacher_roleplay": 100, "self_instruct_seed": 50}
@@ -44,11 +46,12 @@ def main() -> None:
     parser.add_argument(
         "--prompts-dir",
         type=Path,
-        required=True,
-        help="the training-prompt folder: the merged prompts.jsonl and GPTeacher's role-play JSON (data/README.md)",
+        default=PROMPTS_DIR,
+        help="the training-prompt folder: the merged prompts.jsonl and GPTeacher's role-play JSON, each plain or "
+        "gzipped (default: the committed copy, data/train_prompts; data/README.md)",
     )
     args = parser.parse_args()
-    sources = [args.prompts_dir / name for name in (PROMPTS_FILE, ROLEPLAY_FILE)]
+    sources = [_plain_or_gzipped(args.prompts_dir / name) for name in (PROMPTS_FILE, ROLEPLAY_FILE)]
     missing = [str(path) for path in sources if not path.is_file()]
     if missing:
         parser.exit(
@@ -58,7 +61,7 @@ def main() -> None:
         )
     rng = random.Random(args.seed)
     used = {json.loads(line)["id"] for line in FIRST_SET.open()}
-    prompts = [json.loads(line) for line in sources[0].open()]
+    prompts = [json.loads(line) for line in _read_text(sources[0]).split("\n") if line]  # not splitlines: U+2028
     fresh = [p for p in prompts if p["id"] not in used]
 
     rows = []
@@ -68,7 +71,7 @@ def main() -> None:
     taken = {row["id"] for row in rows}
 
     # Passages: role-play responses of 80-220 words whose prompt is in neither set.
-    roleplay = json.loads(sources[1].read_text())
+    roleplay = json.loads(_read_text(sources[1]))
     passages = [
         (f"gpteacher_roleplay/{i}", r)
         for i, r in enumerate(roleplay)
@@ -91,6 +94,16 @@ def main() -> None:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     print(f"wrote {len(rows)} prompts to {args.out}")
+
+
+def _plain_or_gzipped(path: Path) -> Path:
+    """``path``, or its ``.gz`` sibling when only that exists (the committed copies are gzipped)."""
+    gzipped = path.with_name(path.name + ".gz")
+    return gzipped if not path.is_file() and gzipped.is_file() else path
+
+
+def _read_text(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ def test_training_reads_packed_answers_joined_with_the_installed_sharegpt(tiny_t
     assert conversations["answer_token_ids"] == [r["answer_token_ids"] for r in generated]
     tokenizer = AutoTokenizer.from_pretrained(tiny_target_dir)
     train, _ = build_datasets(packed, tokenizer)
-    for sample, record in zip(train, generated):
+    for sample, record in zip(train, generated, strict=True):
         trained = [t for t, m in zip(sample["input_ids"], sample["loss_mask"]) if m]
         assert trained[: len(record["answer_token_ids"])] == record["answer_token_ids"]
 

@@ -98,7 +98,7 @@ def test_batched_greedy_equals_per_prompt_generate(smollm2, tmp_path):
     records = read_prompts(write_prompts(tmp_path))
     settings = GenerationSettings(max_new_tokens=8, batch_size=3)
     batched = answer_batch(model, tokenizer, [r["messages"] for r in records], settings)
-    for record, answer in zip(records, batched):
+    for record, answer in zip(records, batched, strict=True):
         ids = tokenizer.apply_chat_template(
             record["messages"], add_generation_prompt=True, return_tensors="pt", return_dict=True
         )["input_ids"]

@@ -40,7 +40,7 @@ def test_offline_features_give_the_online_losses(head, tiny_target_dir, small_ch
         runs[mode] = train(load_config(config, overrides))
     online, offline = runs["online"].history, runs["offline"].history
     assert [h["step"] for h in offline] == [0, 2]
-    for before, after in zip(online, offline):
+    for before, after in zip(online, offline, strict=True):
         assert after["eval/loss"] == pytest.approx(before["eval/loss"], rel=1e-4)
 
 
