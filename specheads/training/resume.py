@@ -56,6 +56,10 @@ setting is either restored by the checkpoint (optimizer and scheduler state, dat
 learns (head, loss, data, features, target), so changing it on resume is an error rather than silently ignored."""
 
 
+DIGEST_CHECKED = frozenset({"data.paths"})
+"""Settings a resume may change when the checkpoint records a data digest: the files may move or be renamed (another
+machine, a packed copy joined on reading), and ``check_resume_data`` then refuses any change of what they hold."""
+
 LENGTH_FREE_SCHEDULES = frozenset({"constant", "constant_with_warmup", "inverse_sqrt"})
 """Schedules whose learning rate at a step does not depend on ``train.max_steps``."""
 
@@ -144,7 +148,7 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
     the same way. A key the saved config lacks was added to the schema after the checkpoint was written: that run ran
     with its default, so the default is what it is compared as (a new setting left at its default resumes; set to
     something else, it is refused like any other change). A checkpoint written before checkpoints kept their config
-    is resumed with a warning.
+    is resumed with a warning. ``DIGEST_CHECKED`` settings may change where the checkpoint records a data digest.
     """
     path = Path(checkpoint) / CONFIG_FILE
     if not path.is_file():
@@ -155,11 +159,15 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
     defaults = flatten(OmegaConf.to_container(OmegaConf.structured(TrainConfig)))
     saved = {**defaults, **flatten(OmegaConf.to_container(OmegaConf.load(path)))}
     now = flatten(OmegaConf.to_container(OmegaConf.create(config_yaml)))
-    changed = [
-        f"{key}: {_shown(saved, key)} -> {_shown(now, key)}"
-        for key in sorted(set(saved) | set(now))
-        if key not in RESUME_MAY_CHANGE and (key in saved, saved.get(key)) != (key in now, now.get(key))
+    may_change = RESUME_MAY_CHANGE | (DIGEST_CHECKED if _saved_data_digest(checkpoint) is not None else frozenset())
+    differs = [
+        key for key in sorted(set(saved) | set(now)) if (key in saved, saved.get(key)) != (key in now, now.get(key))
     ]
+    for key in DIGEST_CHECKED.intersection(differs).intersection(may_change):
+        logger.info(
+            "%s: %s -> %s; the data digest checks they hold the same data", key, _shown(saved, key), _shown(now, key)
+        )
+    changed = [f"{key}: {_shown(saved, key)} -> {_shown(now, key)}" for key in differs if key not in may_change]
     if now["train.max_steps"] < saved["train.max_steps"]:
         changed.append(f"train.max_steps: {saved['train.max_steps']} -> {now['train.max_steps']} (it may only grow)")
     elif now["train.max_steps"] > saved["train.max_steps"] and now["train.scheduler"] not in LENGTH_FREE_SCHEDULES:
@@ -173,7 +181,7 @@ def check_resume_config(checkpoint: str | os.PathLike, config_yaml: str) -> None
             f"resuming from {checkpoint} with settings that differ from the run that wrote it ({'; '.join(changed)}); "
             "expected the same settings: the restored optimizer, scheduler and data order were made with them, so "
             f"the new values would be ignored or mixed. Resume with the values in {path}, or start a new run with "
-            f"these settings (another train.output_dir, train.resume=no). Only {sorted(RESUME_MAY_CHANGE)} may "
+            f"these settings (another train.output_dir, train.resume=no). Only {sorted(may_change)} may "
             "change on resume."
         )
 
@@ -201,7 +209,7 @@ def data_digest(train_dataset: Any, eval_dataset: Any) -> str:
 def check_resume_data(checkpoint: str | os.PathLike, digest: str) -> None:
     """Refuse to resume on other data than the run that wrote ``checkpoint`` (see ``data_digest``): its data order
     and held-out split were drawn for that data, so held-out samples could be trained on without a word."""
-    saved = json.loads((Path(checkpoint) / STATE_FILE).read_text()).get("data_digest")
+    saved = _saved_data_digest(checkpoint)
     if saved is None:
         logger.warning(
             "%s records no data digest (an older checkpoint): the resumed run's data cannot be checked", checkpoint
@@ -215,6 +223,11 @@ def check_resume_data(checkpoint: str | os.PathLike, digest: str) -> None:
             "with, or start a new run on the new data (another train.output_dir; head.init_from=... keeps the "
             "trained weights)."
         )
+
+
+def _saved_data_digest(checkpoint: str | os.PathLike) -> str | None:
+    state = Path(checkpoint) / STATE_FILE
+    return json.loads(state.read_text()).get("data_digest") if state.is_file() else None
 
 
 def check_resume_world(checkpoint: str | os.PathLike, num_processes: int) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+
 import pytest
 import safetensors.torch
 import torch
 
 from specheads.heads import load_head
 from specheads.target import load_target
-from specheads.training.checkpoint import completed_checkpoints, latest_checkpoint
+from specheads.training.checkpoint import STATE_FILE, completed_checkpoints, latest_checkpoint
 from specheads.training.config import load_config
 from specheads.training.loop import train
 from specheads.training.run_setup import EpochLengthGroupedSampler
@@ -91,6 +94,30 @@ def test_resume_on_data_that_grew_is_refused(tiny_target_dir, small_chat_file, t
         train(load_config(EAGLE1, resume))
     data.write_text("".join(lines[:24]))  # the data it was made with: resumes
     assert train(load_config(EAGLE1, resume)).step == 4
+
+
+def test_resume_from_the_same_data_under_another_path(tiny_target_dir, small_chat_file, tmp_path):
+    """A run moved to another machine, or pointed at a gzipped copy of its file, resumes: the data digest, not the
+    path's text, decides. A checkpoint without a digest cannot tell, so there a changed path is still refused."""
+    kw = dict(max_steps=4, batch_size=2, save_every=2)
+    first = train(
+        load_config(EAGLE1, tiny_overrides(tiny_target_dir, small_chat_file, tmp_path / "run", **kw, stop_after=2))
+    )
+    assert first.step == 2
+    moved = tmp_path / "elsewhere" / "chats.jsonl.gz"
+    moved.parent.mkdir()
+    moved.write_bytes(gzip.compress(small_chat_file.read_bytes()))
+    resume = tiny_overrides(tiny_target_dir, moved, tmp_path / "run", **kw, resume="auto")
+
+    state = latest_checkpoint(tmp_path / "run") / STATE_FILE
+    recorded = json.loads(state.read_text())
+    state.write_text(json.dumps({k: v for k, v in recorded.items() if k != "data_digest"}))  # an older checkpoint
+    with pytest.raises(ValueError, match=r"settings that differ from the run that wrote it \(data.paths: "):
+        train(load_config(EAGLE1, resume))
+
+    state.write_text(json.dumps(recorded))
+    resumed = train(load_config(EAGLE1, resume))
+    assert resumed.finished and resumed.step == 4
 
 
 def test_warm_start_continues_from_a_saved_head(tiny_target_dir, small_chat_file, tmp_path):
