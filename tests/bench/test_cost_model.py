@@ -549,3 +549,19 @@ def test_calibration_counts_no_guess_of_a_tree_the_context_could_not_hold(tiny_l
     assert result.stats.accepted_lengths == [3, 3, 3, 0, 0, 0]
     assert recorder.trials == [[3], [3], [3]] and recorder.hits == [[3], [3], [3]]
     assert [step.ranks for step in recorder.steps[0]] == [[0, 0, 0]] * 3 + [[]] * 3
+
+
+def test_one_level_trees_are_priced_on_their_replayed_tau():
+    """The acceptance model's depth-1 counts come from the wide calibration tree's harder positions (0.145 where a
+    one-guess chain read 0.195, ``make demo``'s reference head): on a CPU that priced one guess below plain decoding
+    and ``auto`` chose no tree where a one-guess chain ran 1.30x. Replayed taus price the one-level candidates."""
+    low = RankAcceptance([[0.10, 0.05], [0.3, 0.1]])
+    demo = CostCurve(SIZES, [0.035, 0.036, 0.043, 0.064, 0.085, 0.121, 0.196])  # `make demo`'s calibration timed it
+    model_only = choose_tree(low, demo.at, DraftCost(per_depth_s=0.004))
+    assert model_only.num_nodes == 0
+    replayed = choose_tree(low, demo.at, DraftCost(per_depth_s=0.004), one_level_tau={1: 1.30, 2: 1.33})
+    assert replayed.num_nodes == 1 and replayed.expected_tau == pytest.approx(1.30)
+    by_nodes = {c["nodes"]: c for c in replayed.candidates}
+    assert by_nodes[2]["expected_tau"] == pytest.approx(1.33)  # both siblings at depth 1: replayed
+    deeper = next(c for c in replayed.candidates if c["depth"] == 2)
+    assert deeper["expected_tau"] < 1.30  # a deeper tree keeps the model's estimate

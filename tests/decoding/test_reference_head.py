@@ -13,6 +13,7 @@ from specheads.decoding.eagle_draft import DrafterWindow, EagleTreeDrafter, with
 from specheads.decoding.generator import SpeculativeGenerator
 from specheads.decoding.tree import DynamicTreeConfig
 from specheads.decoding.tuning.cpu_kernels import CpuKernels
+from specheads.decoding.tuning.replay import one_level_steps
 from specheads.heads import EagleHead, load_head
 from tests.scripts_loader import load_script
 
@@ -98,3 +99,24 @@ def test_reference_head_is_greedy_identical_on_long_prompts_with_and_without_the
         result = SpeculativeGenerator(model, tokenizer, drafter, kernels=kernels).generate(ids[0], max_new_tokens=24)
         assert result.token_ids == expected[0, ids.shape[1] :].tolist(), (category, type(drafter).__name__)
     assert ids.shape[1] > {"long-1k": 900, "long-2k": 1900, "long-7.5k": 7000}[category]
+
+
+def test_auto_prices_one_level_trees_on_a_replay_that_decoding_with_them_matches(smollm2):
+    """``--tree auto`` prices EAGLE trees of k guesses at depth 1 on a replay of its calibration's output
+    (``tuning.replay``), since the wide calibration tree's depth-1 counts read low. Decoding with each such tree
+    must accept, step by step, what the replay says (the last step may be cut short by max_new_tokens)."""
+    model, tokenizer = smollm2
+    head = load_head(REFERENCE, model)
+    accepted = {}
+    for k in (1, 2, 4):
+        generator = SpeculativeGenerator(model, tokenizer, EagleTreeDrafter(head, DynamicTreeConfig(1, k, k)))
+        accepted[k] = 0
+        for prompt in PROMPTS:
+            ids = chat_ids(tokenizer, prompt)
+            result = generator.generate(ids[0], max_new_tokens=32)
+            live = result.stats.accepted_lengths
+            sequence = torch.cat([ids[0], torch.tensor(result.token_ids)])
+            replayed = one_level_steps(head, model, sequence, ids.shape[1], 4)[k]
+            assert live[:-1] == replayed[: len(live) - 1], (k, prompt)
+            accepted[k] += sum(live)
+    assert min(accepted.values()) > 0  # guesses were accepted, so the comparison could fail

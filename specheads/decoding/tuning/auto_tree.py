@@ -6,7 +6,8 @@ this head, or any fixed setting (``chain:D``, ``dynamic:D,K,N`` for EAGLE, a tre
 
 ``auto_drafter`` runs a short greedy calibration with a wide drafter, records which (depth, rank) guesses the target
 accepts and what drafting costs, times the target's verify cost by tree size at the calibration's context length,
-and lets ``choose_tree`` pick the tree with the most expected tokens per second. ``auto_tree_drafter`` is what
+and lets ``choose_tree`` pick the tree with the most expected tokens per second (an EAGLE tree of one level priced
+on its tau replayed on the calibration's output, ``replay``). ``auto_tree_drafter`` is what
 ``specheads generate --tree auto`` uses: the same choice, calibrated on a few built-in prompts and cached per (head
 weights, target, device, dtype), so only the first call pays for the calibration. ``specheads bench --tree auto``
 calibrates on held-out benchmark questions and stores its choice in the same cache, so generating after a benchmark
@@ -51,10 +52,12 @@ from specheads.decoding.tuning.cost_model import (
     choose_lookup_solo,
     choose_tree,
 )
+from specheads.decoding.tuning.replay import one_level_taus
 from specheads.target import cache_root
 
-AUTO_TREE_VERSION = 5  # bump when what a cached choice means changes (3: costs with one-row products padded;
-# 4: the cost curve on the calibration's clock; 5: the cost curve timed by the calibration, at its context length)
+AUTO_TREE_VERSION = 6  # bump when what a cached choice means changes (3: costs with one-row products padded;
+# 4: the cost curve on the calibration's clock; 5: the cost curve timed by the calibration, at its context length;
+# 6: EAGLE trees of one level priced on their replayed tau)
 CALIBRATION_TOKENS = 32
 BUILTIN_CALIBRATION_PROMPTS = (
     # One short request per kind of task a chat model gets (as Spec-Bench's categories), written for this purpose:
@@ -153,7 +156,10 @@ def auto_drafter(
         if generator.max_context:  # the largest size must fit after the prefix
             context = min(context, generator.max_context - sizes[-1])
         curve = measure_cost_curve(target, sizes, prefix_len=max(context, 1), kernels=kernels)
-    choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead, max_nodes)
+    replayed = None
+    if head.head_type == "eagle":  # a depth-1 tree's tau, read on the calibration's output as decoding would walk it
+        replayed = one_level_taus(head, target, sequences, [p.numel() for p in prompts], CALIBRATION_WIDTH)
+    choice = choose_tree(recorder.acceptance(), curve.at, draft_cost, overhead, max_nodes, replayed)
     note = "" if choice.num_nodes else " (drafting does not pay here: plain decoding, the head is not used)"
     calibration = Calibration(sequences, recorder.steps, curve, draft_cost, overhead)
     return DrafterSpec(drafter_for_choice(head, choice), f"auto: {choice.describe()}{note}", choice, calibration)

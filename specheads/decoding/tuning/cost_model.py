@@ -116,8 +116,11 @@ def choose_tree(
     draft_cost: Callable[[int], float],
     overhead_s: float = 0.0,
     max_nodes: int = 63,
+    one_level_tau: dict[int, float] | None = None,
 ) -> TreeChoice:
-    """The tree size (and shape) maximising expected tokens/s; ``verify_cost(n)`` takes nodes incl. the root."""
+    """The tree size (and shape) maximising expected tokens/s; ``verify_cost(n)`` takes nodes incl. the root.
+    ``one_level_tau``: the replayed tau of n guesses at depth 1 (``replay.one_level_taus``), which prices a
+    candidate of that shape in place of the acceptance model (whose depth-1 counts come from harder positions)."""
     paths = best_first_paths(acceptance, max_nodes)
     best: TreeChoice | None = None
     candidates = []
@@ -126,10 +129,11 @@ def choose_tree(
         if n:
             expected += paths[n - 1][1]
             depth = max(depth, len(paths[n - 1][0]))
+        tau = (one_level_tau or {}).get(n, expected) if depth == 1 else expected
         step = draft_cost(depth) + verify_cost(n + 1) + overhead_s
-        candidates.append({"nodes": n, "depth": depth, "expected_tau": expected, "tokens_per_s": expected / step})
-        if best is None or expected / step > best.expected_tokens_per_s:
-            best = TreeChoice([list(p) for p, _ in paths[:n]], expected, step)
+        candidates.append({"nodes": n, "depth": depth, "expected_tau": tau, "tokens_per_s": tau / step})
+        if best is None or tau / step > best.expected_tokens_per_s:
+            best = TreeChoice([list(p) for p, _ in paths[:n]], tau, step)
     assert best is not None
     best.candidates = candidates
     return best
