@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from specheads.decoding.tuning.replay import guess_ranks, walk_steps
 from specheads.heads import load_head
 from specheads.target import load_target
 
@@ -29,19 +30,9 @@ from specheads.target import load_target
 def replayed_chain_steps(head, target, ids: torch.Tensor, new_ids: list[int]) -> tuple[list[int], list[bool]]:
     """(accepted guesses per step, 0 or 1, of a one-guess chain; whether the head's guess is right at each output
     position after the first), replayed on prompt ``ids`` (1, P) and the target's output ``new_ids``."""
-    x = torch.cat([ids, torch.tensor([new_ids])], dim=1)  # (1, T)
-    with torch.no_grad():
-        features = head.fuse(target(x, output_hidden_states=True).hidden_states)
-        positions = torch.arange(x.shape[1] - 1)[None]
-        _, logits = head(features[:, :-1], x[:, 1:], positions)  # reads f_t and x_{t+1}, guesses x_{t+2}
-    guesses = head.draft_to_target(logits.argmax(-1))[0]
-    first = ids.shape[1] + 1  # the prefill gives x_P; the first step's guess is x_{P+1}
-    right = [bool(guesses[j - 2] == x[0, j]) for j in range(first, x.shape[1])]
-    steps, j = [], 0
-    while j < len(right):
-        steps.append(int(right[j]))
-        j += 2 if right[j] else 1  # an accepted guess and the target's next token, or the target's correction
-    return steps, right
+    sequence = torch.cat([ids[0], torch.tensor(new_ids, dtype=ids.dtype)])  # (T,)
+    ranks = guess_ranks(head, target, sequence, ids.shape[1], max_guesses=1)
+    return walk_steps(ranks, 1), [rank == 0 for rank in ranks]
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -275,9 +276,12 @@ def generate_dataset(
 
 
 def _generated_with(model: PreTrainedModel, settings: GenerationSettings) -> dict[str, Any]:
-    """What decides an answer: the target, the token limit and, when sampling, the sampling settings (the batch size
+    """What decides an answer: the target and its dtype (named where it is not fp32, so that files written before
+    the dtype was recorded still resume), the token limit and, when sampling, the sampling settings (the batch size
     too, since a batch's seed depends on its ids)."""
     record: dict[str, Any] = {"target": str(model.config.name_or_path), "max_new_tokens": settings.max_new_tokens}
+    if model.dtype != torch.float32:
+        record["dtype"] = str(model.dtype).removeprefix("torch.")
     if settings.turns > 1:
         record["turns"] = settings.turns
     if settings.temperature > 0:

@@ -374,3 +374,22 @@ def test_prompts_are_sorted_within_blocks_so_a_stopped_run_samples_the_whole_fil
     out = tmp_path / "out.jsonl"
     generate_dataset(model, tokenizer, prompts, out, GenerationSettings(2, batch_size=2))
     assert [r["id"] for r in read_jsonl(out)] == ["p1", "p3", "p2", "p0", "p5", "p6", "p7", "p4"]
+
+
+def test_generate_records_a_dtype_other_than_fp32_and_a_resume_keeps_to_it(tiny_target_dir, tmp_path, capsys):
+    """A bf16 answer is another model's: the file says so, and a resume in fp32 would mix the two."""
+    prompts = write_prompts(tmp_path)
+
+    def generate(out, *extra):
+        argv = ["generate", "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "2"]
+        return data_main([*argv, "--target", str(tiny_target_dir), *extra])
+
+    bf16, fp32 = tmp_path / "bf16.jsonl", tmp_path / "fp32.jsonl"
+    assert generate(bf16, "--limit", "1", "--dtype", "bf16") == 0
+    assert read_jsonl(bf16)[0]["generated_with"]["dtype"] == "bfloat16"
+    assert generate(bf16, "--limit", "2") == 2
+    assert "dtype: 'bfloat16' -> None" in capsys.readouterr().err
+    assert generate(bf16, "--limit", "2", "--dtype", "bf16") == 0
+    assert len(read_jsonl(bf16)) == 2
+    assert generate(fp32, "--limit", "1") == 0
+    assert "dtype" not in read_jsonl(fp32)[0]["generated_with"]  # as in every file written before dtypes were named

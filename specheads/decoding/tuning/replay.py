@@ -16,28 +16,38 @@ import torch
 
 
 @torch.no_grad()
-def one_level_steps(
-    head: Any, target: Any, sequence: torch.Tensor, prompt_len: int, max_guesses: int
-) -> dict[int, list[int]]:
-    """``{k: accepted guesses per step (0 or 1)}`` of a depth-1 tree of k guesses, for k = 1..max_guesses, replayed on
-    one prompt's ids followed by the target's greedy output (``sequence``)."""
+def guess_ranks(head: Any, target: Any, sequence: torch.Tensor, prompt_len: int, max_guesses: int) -> list[int]:
+    """Where the target's token ranks among the head's top ``max_guesses`` guesses for it (``max_guesses`` where it
+    is not among them), at every output position a step can guess: one prompt's ids followed by the target's greedy
+    output (``sequence``), the first output token being the prefill's."""
     x = sequence.view(1, -1).to(target.device)
     if x.shape[1] < prompt_len + 2:
-        return {k: [] for k in range(1, max_guesses + 1)}  # no guessed position
+        return []  # no guessed position
     features = head.fuse(target(x, output_hidden_states=True).hidden_states)
     positions = torch.arange(x.shape[1] - 1, device=x.device)[None]
     _, logits = head(features[:, :-1], x[:, 1:], positions)  # reads f_t and x_{t+1}, guesses x_{t+2}
     ranked = head.draft_to_target(logits[0].topk(max_guesses, dim=-1).indices)  # (T-1, k)
     # the prefill commits x_P; the first step guesses x_{P+1}, from row P-1
-    hit_rank = [_rank_of(ranked[j - 2], int(x[0, j])) for j in range(prompt_len + 1, x.shape[1])]
-    walks = {}
-    for k in range(1, max_guesses + 1):
-        steps, j = [], 0
-        while j < len(hit_rank):
-            steps.append(int(hit_rank[j] < k))
-            j += 2 if steps[-1] else 1  # an accepted guess and the target's next token, or the target's correction
-        walks[k] = steps
-    return walks
+    return [_rank_of(ranked[j - 2], int(x[0, j])) for j in range(prompt_len + 1, x.shape[1])]
+
+
+def walk_steps(ranks: Sequence[int], guesses: int) -> list[int]:
+    """Accepted guesses per step (0 or 1) of a depth-1 tree of ``guesses`` siblings, walked over ``guess_ranks`` as
+    the verifier does: an accepted guess also commits the target's next token, which no guess was made for."""
+    steps, j = [], 0
+    while j < len(ranks):
+        steps.append(int(ranks[j] < guesses))
+        j += 2 if steps[-1] else 1  # an accepted guess and the target's next token, or the target's correction
+    return steps
+
+
+def one_level_steps(
+    head: Any, target: Any, sequence: torch.Tensor, prompt_len: int, max_guesses: int
+) -> dict[int, list[int]]:
+    """``{k: accepted guesses per step (0 or 1)}`` of a depth-1 tree of k guesses, for k = 1..max_guesses, replayed on
+    one prompt's ids followed by the target's greedy output (``sequence``)."""
+    ranks = guess_ranks(head, target, sequence, prompt_len, max_guesses)
+    return {k: walk_steps(ranks, k) for k in range(1, max_guesses + 1)}
 
 
 def one_level_taus(
